@@ -1,0 +1,1 @@
+"""t5lite: T5-family pretraining in JAX/Flax."""

@@ -1,0 +1,78 @@
+"""The run configuration: one ConfigDict, grouped as model / data / train / optim / mesh / checkpoint.
+
+Every preset in `configs/` starts from `base_config()` and changes what differs, so every value of
+a run is visible in one printed config and can be overridden as `--config.a.b=value`.
+`validate()` turns a ConfigDict into checked, typed pieces before anything compiles.
+"""
+
+import dataclasses
+
+import ml_collections
+
+from t5lite.models.config import ModelConfig
+
+# T5 v1.0 (Raffel et al. 2020): ReLU FFN, tied and scaled lm head.
+T5_1_0 = dict(activation='relu', tie_embeddings=True, norm='rms', norm_position='pre',
+              position='t5_relative', use_bias=False, dropout=0.1)
+# T5 v1.1: gated-GELU FFN, untied lm head, no dropout in pretraining.
+T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Defaults shared by all presets: T5 span-corruption pretraining with Adafactor."""
+  config = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+
+  config.data = data = ml_collections.ConfigDict()
+  data.source = 'bundled'  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
+  data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
+  data.text_key = 'text'  # JSONL / TFDS feature holding the text
+  data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
+  data.objective = 'span_corruption'
+  data.inputs_length = 512  # encoder length after corruption
+  data.targets_length = 114  # decoder length; random_spans_helper's value for 512 inputs
+  data.noise_density = 0.15
+  data.mean_noise_span_length = 3.0
+  data.batch_size = 128  # global, across all processes
+  data.validation_fraction = 0.05  # held out by whole document
+  data.seed = 0
+
+  config.train = train = ml_collections.ConfigDict()
+  train.steps = 10_000
+  train.microbatches = 1  # gradient accumulation: batch_size is split into this many
+  train.seed = 0  # parameter initialisation and dropout
+  train.z_loss = 1e-4
+  train.label_smoothing = 0.0
+  train.loss_normalizer = 'real_tokens'  # real_tokens | total_tokens | a number (T5X's constant)
+  train.log_every = 50
+  train.eval_every = 1000
+  train.eval_batches = 20
+
+  config.optim = optim = ml_collections.ConfigDict()
+  optim.name = 'adafactor'  # adafactor | adamw | adamw_scaled (nanoT5)
+  optim.schedule = 'rsqrt'  # rsqrt (T5) | cosine | constant
+  optim.learning_rate = 0.01  # peak, or the constant of T5's rsqrt schedule
+  optim.warmup_steps = 10_000
+  optim.weight_decay = 0.0
+  optim.clip_grad_norm = 1.0  # 0 disables
+
+  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh.data = -1  # -1: the devices the other axes leave
+  mesh.fsdp = 1
+  mesh.tensor = 1
+
+  config.checkpoint = ckpt = ml_collections.ConfigDict()
+  ckpt.every_steps = 1000
+  ckpt.keep = 3  # the last N
+  ckpt.keep_period = 0  # also keep every K-th step forever; 0 keeps none
+  ckpt.async_save = True
+  return config
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+  """The frozen ModelConfig of a run; raises ValueError with one line if it cannot work."""
+  known = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(config.model.keys()) - known)
+  if unknown:
+    raise ValueError(f'unknown model setting(s): {", ".join("model." + k for k in unknown)}')
+  return ModelConfig(**config.model.to_dict())

@@ -1,0 +1,78 @@
+"""ModelConfig: every architecture of the family described by its knobs.
+
+One frozen dataclass, hashable so that it can be a static argument to `jax.jit`
+(the Flax wmt example's "minimize obnoxious kwarg plumbing"). Invalid
+combinations fail here, at construction, with one line that says what to change.
+"""
+
+import dataclasses
+
+ARCHITECTURES = ('encoder_decoder', 'encoder', 'decoder')
+ACTIVATIONS = ('relu', 'gelu', 'gated-gelu', 'gated-silu')
+NORMS = ('rms', 'layer')
+NORM_POSITIONS = ('pre', 'post')
+POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
+ATTENTIONS = ('xla', 'cudnn', 'einsum')
+REMAT_POLICIES = ('none', 'full', 'save_dots')
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of one Transformer; defaults are T5 v1.0 small."""
+
+  arch: str = 'encoder_decoder'  # encoder_decoder (T5, BART) | encoder (BERT) | decoder (GPT)
+  vocab_size: int = 32128  # padded to a multiple of 128 (32k SentencePiece + 100 sentinels)
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_kv: int = 64  # per-head width; num_heads * d_kv need not equal d_model (T5 3B, 11B, v1.1 small)
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  activation: str = 'relu'  # relu | gelu | gated-gelu | gated-silu (gelu is the tanh approximation)
+  norm: str = 'rms'  # rms (T5: scale only, no mean) | layer (BERT, GPT, Vaswani)
+  norm_position: str = 'pre'  # pre (T5, GPT-2) | post (BERT, Vaswani)
+  norm_eps: float = 1e-6
+  position: str = 't5_relative'  # t5_relative | sinusoidal | learned | rope
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  max_length: int = 512  # table size for learned positions; unused otherwise
+  tie_embeddings: bool = True  # v1.0: lm head = embedding, logits scaled by d_model**-0.5
+  use_bias: bool = False  # T5 has no biases; BERT, GPT-2 and Vaswani do
+  dropout: float = 0.0
+  dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
+  param_dtype: str = 'float32'
+  attention: str = 'xla'  # xla | cudnn (jax.nn.dot_product_attention) | einsum (plain)
+  scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
+  remat_policy: str = 'none'  # none | full | save_dots
+
+  def __post_init__(self):
+    def choice(name, allowed):
+      value = getattr(self, name)
+      if value not in allowed:
+        raise ValueError(f'model.{name}={value!r} is not one of {", ".join(allowed)}')
+
+    choice('arch', ARCHITECTURES)
+    choice('activation', ACTIVATIONS)
+    choice('norm', NORMS)
+    choice('norm_position', NORM_POSITIONS)
+    choice('position', POSITIONS)
+    choice('attention', ATTENTIONS)
+    choice('remat_policy', REMAT_POLICIES)
+    choice('dtype', DTYPES)
+    choice('param_dtype', DTYPES)
+    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length'):
+      if getattr(self, name) <= 0:
+        raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
+    if self.arch != 'decoder' and self.num_encoder_layers <= 0:
+      raise ValueError(f'model.arch={self.arch!r} needs num_encoder_layers > 0')
+    if self.arch != 'encoder' and self.num_decoder_layers <= 0:
+      raise ValueError(f'model.arch={self.arch!r} needs num_decoder_layers > 0')
+    if self.position == 'rope' and self.d_kv % 2:
+      raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
+
+  @property
+  def is_gated(self) -> bool:
+    return self.activation.startswith('gated-')
