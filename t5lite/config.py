@@ -5,7 +5,10 @@ a run is visible in one printed config and can be overridden as `--config.a.b=va
 `validate()` turns a ConfigDict into checked, typed pieces before anything compiles.
 """
 
+import ast
 import dataclasses
+import importlib.util
+import os
 
 import ml_collections
 
@@ -76,3 +79,52 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   if unknown:
     raise ValueError(f'unknown model setting(s): {", ".join("model." + k for k in unknown)}')
   return ModelConfig(**config.model.to_dict())
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+  """Loads `path/to/preset.py` or `path/to/preset.py:arg` (arg goes to get_config, big_vision style)."""
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config file not found: {path}')
+  module_spec = importlib.util.spec_from_file_location(f'_t5lite_config_{abs(hash(path))}', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, 'get_config'):
+    raise ValueError(f'{path} has no get_config()')
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:
+  """Applies `--config.a.b=value` flags, parsing each value as the type the field already has."""
+  for assignment in assignments:
+    key, sep, text = assignment.removeprefix('--').removeprefix('config.').partition('=')
+    if not sep:
+      raise ValueError(f'expected --config.KEY=VALUE, got {assignment!r}')
+    *parents, leaf = key.split('.')
+    section = config
+    for name in parents:
+      if name not in section or not isinstance(section[name], ml_collections.ConfigDict):
+        raise ValueError(f'unknown setting config.{key}')
+      section = section[name]
+    if leaf not in section:
+      raise ValueError(f'unknown setting config.{key}')
+    section[leaf] = _parse_like(section[leaf], text, key)
+
+
+def _parse_like(current, text: str, key: str):
+  """Parses `text` as the type of `current`; strings stay strings, a str field may take a number."""
+  if isinstance(current, str):
+    return text
+  try:
+    if isinstance(current, bool):
+      if text.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError
+      return text.lower() in ('true', '1')
+    if isinstance(current, int):
+      return int(text.replace('_', ''))
+    if isinstance(current, float):
+      return float(text)
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    raise ValueError(
+        f'config.{key}={text!r} is not a valid {type(current).__name__}') from None

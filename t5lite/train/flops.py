@@ -1,0 +1,128 @@
+"""Analytic FLOP counts per architecture, device peaks, and model FLOP utilisation (MFU).
+
+Counts are matmul FLOPs (2 per multiply-accumulate), the convention of PaLM's and MaxText's MFU:
+norms, softmax, activations, position biases and the embedding lookup are left out. Causal
+self-attention counts half of the full score and value matmuls (MaxText; PaLM counts them
+full), since a causal kernel can skip the masked half. Training is 3x the forward pass (the
+backward pass is two matmuls per forward one); recomputation under remat is not counted, so
+this is MFU, not hardware utilisation.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+
+
+def attention_flops(cfg: ModelConfig, q_len: int, kv_len: int, causal: bool) -> float:
+  """One attention layer over one example: Q and O projections over the queries, K and V over
+  the keys (the encoder tokens in cross-attention), q.k scores and the weighted sum of values."""
+  inner = cfg.num_heads * cfg.d_kv
+  projections = 2 * cfg.d_model * inner * (2 * q_len + 2 * kv_len)
+  scores_and_values = 2 * 2 * q_len * kv_len * inner
+  return projections + (scores_and_values / 2 if causal else scores_and_values)
+
+
+def ffn_flops(cfg: ModelConfig, length: int) -> float:
+  """One feed-forward layer: d_model -> d_ff (twice when gated) -> d_model."""
+  matmuls = 3 if cfg.is_gated else 2
+  return 2 * length * cfg.d_model * cfg.d_ff * matmuls
+
+
+def lm_head_flops(cfg: ModelConfig, length: int) -> float:
+  """Logits over the vocab at every position (tied or not, it is one matmul)."""
+  return 2 * length * cfg.d_model * cfg.vocab_size
+
+
+def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int) -> float:
+  """Forward FLOPs for one example of the given lengths.
+
+  encoder_decoder: encoder over the inputs, decoder (causal self-attention, cross-attention to
+  all inputs) and lm head over the targets. encoder: everything over the inputs (targets_length
+  unused). decoder: everything over inputs + targets, the prefix-LM concatenation; pass
+  inputs_length=0 for a plain language model.
+  """
+  encoder_layer = attention_flops(cfg, inputs_length, inputs_length, causal=False)
+  encoder_layer += ffn_flops(cfg, inputs_length)
+  if cfg.arch == 'encoder':
+    return cfg.num_encoder_layers * encoder_layer + lm_head_flops(cfg, inputs_length)
+  if cfg.arch == 'decoder':
+    length = inputs_length + targets_length
+    decoder_layer = attention_flops(cfg, length, length, causal=True) + ffn_flops(cfg, length)
+    return cfg.num_decoder_layers * decoder_layer + lm_head_flops(cfg, length)
+  decoder_layer = (attention_flops(cfg, targets_length, targets_length, causal=True)
+                   + attention_flops(cfg, targets_length, inputs_length, causal=False)
+                   + ffn_flops(cfg, targets_length))
+  return (cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer
+          + lm_head_flops(cfg, targets_length))
+
+
+def train_flops_per_step(cfg: ModelConfig, inputs_length: int, targets_length: int,
+                         batch_size: int) -> float:
+  """Training FLOPs of one step over the global batch: forward + backward = 3 x forward."""
+  return 3 * flops_per_example(cfg, inputs_length, targets_length) * batch_size
+
+
+# (device_kind prefix as JAX reports it, name, dense bf16 FLOP/s); the first match wins.
+PEAK_BF16_FLOPS = (
+    ('TPU v4 lite', 'TPU v4i', 138e12),
+    ('TPU v4', 'TPU v4', 275e12),
+    ('TPU v5 lite', 'TPU v5e', 197e12),
+    ('TPU v5e', 'TPU v5e', 197e12),
+    ('TPU v5', 'TPU v5p', 459e12),  # 'TPU v5' and 'TPU v5p'
+    ('TPU v6', 'TPU v6e', 918e12),  # 'TPU v6 lite' and 'TPU v6e'
+    ('NVIDIA H100 PCIe', 'H100 PCIe', 756e12),
+    ('NVIDIA H100', 'H100', 989e12),  # 'NVIDIA H100 80GB HBM3'
+    ('NVIDIA H200', 'H200', 989e12),
+    ('NVIDIA GH200', 'GH200', 989e12),
+    ('NVIDIA A100', 'A100', 312e12),  # 'NVIDIA A100-SXM4-40GB', 'NVIDIA A100 80GB PCIe'
+)
+
+
+def peak_from_device_kind(device_kind: str) -> tuple[float, str] | None:
+  """The published dense bf16 peak and a short name for a JAX `device_kind`, if we know it."""
+  for prefix, name, peak in PEAK_BF16_FLOPS:
+    if device_kind.startswith(prefix):
+      return peak, name
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_flops(device: jax.Device, n: int = 1024, repeats: int = 5) -> float:
+  """Best-of-`repeats` rate of a jitted n x n matmul on `device` (float32 on CPU, else bf16)."""
+  dtype = jnp.float32 if device.platform == 'cpu' else jnp.bfloat16
+  x = jax.device_put(jnp.ones((n, n), dtype), device)
+  matmul = jax.jit(lambda a: a @ a)
+  matmul(x).block_until_ready()  # compile outside the timing
+  best = float('inf')
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> tuple[float, str]:
+  """(FLOP/s, name): the published bf16 peak, or a measured matmul rate where none is known.
+
+  CPU "devices" (fake ones in tests included) share the host's cores, so each gets its share
+  of the host's measured rate; MFU on CPU is then relative to what the whole host can do.
+  """
+  device = device or jax.devices()[0]
+  known = peak_from_device_kind(device.device_kind)
+  if known:
+    return known
+  rate = measured_matmul_flops(device)
+  if device.platform == 'cpu':
+    rate /= len(jax.local_devices(backend='cpu'))
+  return rate, f'measured {device.device_kind}'
+
+
+def mfu(flops_per_step: float, step_time: float, devices=None) -> float:
+  """Model FLOP utilisation: achieved FLOP/s over the peak of all `devices` (default: all)."""
+  devices = jax.devices() if devices is None else devices
+  peak, _ = peak_flops_per_device(devices[0])
+  return flops_per_step / (step_time * len(devices) * peak)

@@ -1,0 +1,212 @@
+"""The training loop: build the mesh and state, resume if the workdir has a checkpoint, step.
+
+`train(config, workdir)` is the whole run, written as a handful of small functions. Nothing in
+the loop waits on the device except at log, eval and save points: metrics stay on device until
+a log interval ends, and the NaN check is a device-side flag read at those points.
+"""
+
+import itertools
+import json
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5lite import config as config_lib
+from t5lite.data import pipeline
+from t5lite.train import checkpoint as checkpoint_lib
+from t5lite.train import flops as flops_lib
+from t5lite.train import mesh as mesh_lib
+from t5lite.train import optim
+from t5lite.train import state as state_lib
+from t5lite.train import step as step_lib
+from t5lite.train.metrics import MetricWriter, console_line
+
+
+class Preempted:
+  """Turns SIGTERM into a flag read at the next step boundary, where the loop saves and exits."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __call__(self, step: int) -> bool:
+    # Cloud TPU preemption notices arrive through JAX's sync point, on every process alike.
+    return self.requested or jax.distributed.is_initialized() and (
+        jax.experimental.multihost_utils.reached_preemption_sync_point(step))
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Creates the workdir (or says why it cannot) and records the run's config in it."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+      with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+        json.dump(config.to_dict(), f, indent=2)
+  except OSError as error:
+    raise ValueError(f'cannot write to workdir {workdir}: {error.strerror}') from None
+
+
+def check_same_model(checkpointer, step: int, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a checkpoint of another architecture instead of failing inside orbax."""
+  saved = checkpointer.saved_config(step)['model']
+  diffs = [f'{k} {saved.get(k)} vs {v}' for k, v in config.model.to_dict().items()
+           if k in STRUCTURAL and saved.get(k) != v]
+  if diffs:
+    raise ValueError(f'{checkpointer.directory} holds a checkpoint of another model '
+                     f'({", ".join(diffs)}); use a new --workdir')
+
+
+# Model settings that change parameter shapes: a checkpoint cannot move across them.
+STRUCTURAL = ('arch', 'vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_encoder_layers',
+              'num_decoder_layers', 'activation', 'position', 'relative_buckets',
+              'tie_embeddings', 'use_bias', 'norm', 'scan_layers', 'max_length')
+
+
+def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
+  """Per-process numpy arrays -> global jax.Arrays laid out over the mesh's batch axes."""
+  return {name: jax.make_array_from_process_local_data(sharding, value)
+          for name, value in local_batch.items()}
+
+
+def evaluate(eval_step, params, batches, num_batches: int, sharding) -> dict:
+  """Held-out loss and accuracy over `num_batches`, summed before dividing."""
+  totals = None
+  for _ in range(num_batches):
+    try:
+      local = next(batches)
+    except StopIteration:
+      break
+    sums = eval_step(params, global_batch(local, sharding))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError('the validation split is empty; lower data.validation_fraction or add data')
+  return {f'eval_{k}': float(v) for k, v in step_lib.summarize(jax.device_get(totals)).items()}
+
+
+def setup(config: ml_collections.ConfigDict):
+  """Everything a run needs before its first step, checked before anything compiles."""
+  model_cfg = config_lib.model_config(config)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  mesh_lib.check_divisibility(model_cfg, config.data, mesh)
+  per_process = config.data.batch_size // jax.process_count()
+  if config.train.microbatches < 1 or per_process % config.train.microbatches:
+    raise ValueError(f'train.microbatches={config.train.microbatches} must divide the '
+                     f'per-process batch {per_process}')
+  optimizer = optim.make_optimizer(config.optim, config.train.steps)
+  schedule = optim.make_schedule(config.optim, config.train.steps)
+  rules = mesh_lib.DEFAULT_RULES
+  return model_cfg, mesh, rules, optimizer, schedule
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains to `config.train.steps`, resuming from the workdir's latest checkpoint; returns the
+  last logged metrics."""
+  model_cfg, mesh, rules, optimizer, schedule = setup(config)
+  prepare_workdir(workdir, config)
+  checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    check_same_model(checkpointer, latest, config)
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
+    if latest is None:
+      state, start = spec.init(), 0
+    else:
+      state, _ = checkpointer.restore(latest, spec.abstract)
+      start = int(state.step)
+      logging.info('resumed from %s at step %d', checkpointer.directory, start)
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    train_step = jax.jit(
+        step_lib.make_train_step(spec.graphdef, spec.rest, model_cfg, config.train, optimizer,
+                                 schedule),
+        in_shardings=(spec.shardings, batch_sharding),
+        out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
+        donate_argnums=0)
+    eval_step = jax.jit(step_lib.make_eval_step(spec.graphdef, spec.rest, model_cfg, config.train),
+                        in_shardings=(spec.shardings.params, batch_sharding))
+    try:
+      return run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
+                       checkpointer, model_cfg)
+    finally:
+      checkpointer.wait()
+      checkpointer.close()
+
+
+def run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
+              checkpointer, model_cfg) -> dict:
+  """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN."""
+  train_cfg, data_cfg = config.train, config.data
+  batches = pipeline.make_pipeline(data_cfg, 'train', start=start)
+  writer = MetricWriter(workdir)
+  preempted = Preempted()
+  tokens_per_step = data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length)
+  flops_per_step = flops_lib.train_flops_per_step(
+      model_cfg, data_cfg.batch_size, data_cfg.inputs_length, data_cfg.targets_length)
+  peak = flops_lib.peak_flops_per_device()[0] * jax.device_count()
+  local_batches = iter(batches)
+  first = next(local_batches)
+  compile_start = time.perf_counter()
+  train_step = train_step.lower(state, global_batch(first, batch_sharding)).compile()
+  writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
+  local_batches = itertools.chain([first], local_batches)
+  nonfinite = jnp.zeros((), jnp.bool_)
+  pending, last, tic, step = [], {}, time.perf_counter(), start
+  try:
+    while step < train_cfg.steps:
+      state, metrics = train_step(state, global_batch(next(local_batches), batch_sharding))
+      step += 1
+      nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
+      pending.append(metrics)
+      done, stop = step == train_cfg.steps, preempted(step)
+      if step % train_cfg.log_every == 0 or done or stop:
+        check_finite(nonfinite, step, checkpointer)
+        seconds = (time.perf_counter() - tic) / len(pending)
+        last = mean_metrics(pending)
+        last.update(tokens_per_s=tokens_per_step / seconds, step_seconds=seconds,
+                    mfu=flops_per_step / seconds / peak)
+        if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
+          last.update(evaluate(eval_step, state.params,
+                               pipeline.make_pipeline(data_cfg, 'validation'),
+                               train_cfg.eval_batches, batch_sharding))
+        writer.write(step, last)
+        if jax.process_index() == 0:
+          print(console_line(step, train_cfg.steps, last, seconds), flush=True)
+        pending, tic = [], time.perf_counter()
+      if step % config.checkpoint.every_steps == 0 or done or stop:
+        check_finite(nonfinite, step, checkpointer)
+        checkpointer.save(step, state, batches.state(), config.to_dict())
+      if stop:
+        logging.warning('preempted: saved step %d, exiting', step)
+        break
+  finally:
+    preempted.restore()
+    writer.close()
+  return last
+
+
+def check_finite(nonfinite, step: int, checkpointer) -> None:
+  if bool(nonfinite):
+    latest = checkpointer.latest_step()
+    raise FloatingPointError(
+        f'loss became NaN or Inf at or before step {step}; nothing was saved after it '
+        f'(latest checkpoint: {latest}). Lower optim.learning_rate or check the data')
+
+
+def mean_metrics(metrics: list[dict]) -> dict:
+  host = jax.device_get(metrics)
+  return {name: float(np.mean([m[name] for m in host])) for name in host[0]}

@@ -1,0 +1,55 @@
+"""Where scalars go: TensorBoard events and `metrics.jsonl` in the workdir, and a console line.
+
+Only process 0 writes. Eval scalars arrive already prefixed `eval_`, so one writer serves both.
+"""
+
+import json
+import os
+
+import jax
+
+
+class MetricWriter:
+  """Appends `{"step": .., name: value, ..}` to metrics.jsonl and the same to TensorBoard."""
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    if not self.enabled:
+      return
+    import tensorflow as tf  # TensorBoard's event writer; TF is already loaded by the input pipeline
+    self._tf = tf
+    self._summary = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+
+  def write(self, step: int, scalars: dict) -> None:
+    if not self.enabled:
+      return
+    scalars = {name: float(value) for name, value in scalars.items()}
+    self._jsonl.write(json.dumps({'step': step, **scalars}) + '\n')
+    self._jsonl.flush()
+    with self._summary.as_default(step=step):
+      for name, value in scalars.items():
+        self._tf.summary.scalar(name, value)
+    self._summary.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      self._summary.close()
+
+
+def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: float) -> str:
+  """`step 500/2000 | loss 4.123 | acc 0.312 | lr 1.0e-02 | 41.2k tok/s | MFU 12.3% | ETA 3m05s`."""
+  parts = [f'step {step}/{total_steps}']
+  if 'loss' in scalars:
+    parts += [f'loss {scalars["loss"]:.4f}', f'acc {scalars["accuracy"]:.3f}',
+              f'lr {scalars["learning_rate"]:.1e}', f'{scalars["tokens_per_s"] / 1e3:.1f}k tok/s',
+              f'MFU {100 * scalars["mfu"]:.1f}%', f'ETA {format_duration((total_steps - step) * seconds_per_step)}']
+  parts += [f'{name} {value:.4f}' for name, value in scalars.items() if name.startswith('eval_')]
+  return ' | '.join(parts)
+
+
+def format_duration(seconds: float) -> str:
+  minutes, seconds = divmod(max(int(seconds), 0), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'

@@ -1,0 +1,80 @@
+"""TrainState and where it lives on the mesh: created sharded, never materialised on one device.
+
+Parameters are placed by their logical axis names through the rule table; optimizer state follows
+the parameter it belongs to (a factored Adafactor row or column drops the matching axis), so
+sharding a model over `fsdp` shards its Adam moments the same way.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5lite import models
+from t5lite.models.config import ModelConfig
+from t5lite.train import mesh as mesh_lib
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array  # int32 scalar: optimizer updates applied so far
+  params: Any  # nnx.State of float32 parameters
+  opt_state: Any
+  rng: jax.Array  # base key; step k uses fold_in(rng, k), so a resumed run draws the same numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+  """Everything needed to create, restore and step a TrainState on one mesh."""
+  graphdef: Any  # the model's structure; merged with params inside the step
+  rest: Any  # the model's non-parameter state (dropout RNG streams), tiny and replicated
+  shardings: TrainState  # a NamedSharding per leaf
+  abstract: TrainState  # ShapeDtypeStructs carrying those shardings (a restore target)
+  init: Callable[[], TrainState]  # jitted: builds the state directly in its shardings
+
+
+def _split(model_cfg: ModelConfig, seed: int):
+  return nnx.split(models.build(model_cfg, nnx.Rngs(seed)), nnx.Param, ...)
+
+
+def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, seed: int,
+               mesh, rules) -> StateSpec:
+  def init() -> TrainState:
+    _, params, _ = _split(model_cfg, seed)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params), rng=jax.random.PRNGKey(seed))
+
+  abstract_model = nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(seed)))
+  graphdef, _, _ = nnx.split(abstract_model, nnx.Param, ...)
+  abstract = jax.eval_shape(init)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  param_shardings = mesh_lib.logical_to_sharding(models.logical_axes(abstract_model), mesh, rules)
+  shardings = TrainState(
+      step=replicated, params=param_shardings, rng=replicated,
+      opt_state=opt_state_shardings(optimizer, abstract.params, param_shardings,
+                                    abstract.opt_state, replicated))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, shardings)
+  # Only the RNG streams survive dead-code elimination: no parameter is computed here.
+  rest = jax.jit(lambda: _split(model_cfg, seed)[2], out_shardings=replicated)()
+  return StateSpec(graphdef, rest, shardings, abstract, jax.jit(init, out_shardings=shardings))
+
+
+def opt_state_shardings(optimizer, abstract_params, param_shardings, abstract_opt_state,
+                        replicated: NamedSharding):
+  """Each optimizer-state leaf takes the sharding of its parameter, minus any factored-out axis."""
+  def follow(leaf, param, sharding):
+    if leaf.shape == param.shape:
+      return sharding
+    spec = tuple(sharding.spec) + (None,) * (len(param.shape) - len(sharding.spec))
+    for dropped in reversed(range(len(param.shape))):  # Adafactor: v_row drops -1, v_col -2
+      if param.shape[:dropped] + param.shape[dropped + 1:] == leaf.shape:
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[:dropped], *spec[dropped + 1:]))
+    return replicated
+
+  return optax.tree_map_params(optimizer, follow, abstract_opt_state, abstract_params,
+                               param_shardings, transform_non_params=lambda _: replicated)
