@@ -60,7 +60,7 @@ def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int)
           + lm_head_flops(cfg, targets_length))
 
 
-def train_flops_per_step(cfg: ModelConfig, inputs_length: int, targets_length: int,
+def train_flops_per_step(cfg: ModelConfig, inputs_length: int, targets_length: int, *,
                          batch_size: int) -> float:
   """Training FLOPs of one step over the global batch: forward + backward = 3 x forward."""
   return 3 * flops_per_example(cfg, inputs_length, targets_length) * batch_size

@@ -156,7 +156,7 @@ def run_steps(config, workdir, state, start, train_step, eval_step, batch_shardi
   preempted = Preempted()
   tokens_per_step = data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length)
   flops_per_step = flops_lib.train_flops_per_step(
-      model_cfg, data_cfg.batch_size, data_cfg.inputs_length, data_cfg.targets_length)
+      model_cfg, data_cfg.inputs_length, data_cfg.targets_length, batch_size=data_cfg.batch_size)
   peak = flops_lib.peak_flops_per_device()[0] * jax.device_count()
   local_batches = iter(batches)
   first = next(local_batches)

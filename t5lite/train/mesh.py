@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+log = logging.getLogger(__name__)
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 # Logical axis -> mesh axes (a name, a tuple of names, or None for replicated).
@@ -58,10 +60,12 @@ def _mesh_axes(logical: str, rules: Mapping) -> tuple[str, ...]:
   if logical not in rules:
     raise ValueError(f'logical axis {logical!r} has no sharding rule; add it to the rules '
                      f'(known: {", ".join(rules)})')
-  axes = rules[logical]
-  if axes is None:
-    return ()
-  return (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = rules[logical] or ()
+  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+  if not set(axes) <= set(MESH_AXES):
+    raise ValueError(f'the rule for {logical!r} names mesh axes {axes}; use only '
+                     f'{", ".join(MESH_AXES)}')
+  return axes
 
 
 def logical_to_mesh_spec(spec: PartitionSpec, mesh: Mesh, rules=DEFAULT_RULES,
@@ -82,8 +86,8 @@ def logical_to_mesh_spec(spec: PartitionSpec, mesh: Mesh, rules=DEFAULT_RULES,
     axes = tuple(a for n in names for a in _mesh_axes(n, rules) if a not in used)
     split = math.prod(mesh.shape[a] for a in axes)
     if shape is not None and shape[dim] % split:
-      logging.warning('replicating logical axes %s of shape %s: size %d does not divide mesh '
-                      'axes %s (%d)', names, tuple(shape), shape[dim], axes, split)
+      log.warning('replicating logical axes %s of shape %s: size %d does not divide mesh '
+                  'axes %s (%d)', names, tuple(shape), shape[dim], axes, split)
       axes = ()
     used.update(axes)
     out.append(None if not axes else axes[0] if len(axes) == 1 else axes)

@@ -19,7 +19,8 @@ def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
   cosine: linear warmup from 0 to `learning_rate`, then cosine decay to 0 at `total_steps`.
   constant: `learning_rate` throughout (warmup_steps unused).
   """
-  lr, warmup, name = float(optim_cfg.learning_rate), int(optim_cfg.warmup_steps), optim_cfg.schedule
+  name = optim_cfg.schedule
+  lr, warmup = float(optim_cfg.learning_rate), int(optim_cfg.warmup_steps)
   if name == 'rsqrt':
     if warmup <= 0:
       raise ValueError(f'optim.schedule=rsqrt needs optim.warmup_steps > 0, got {warmup}')
@@ -34,8 +35,8 @@ def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
   raise ValueError(f'optim.schedule={name!r} is not one of {", ".join(SCHEDULES)}')
 
 
-def adamw_scaled(learning_rate, weight_decay: float = 0.0, weight_decay_mask=None,
-                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6):
+def adamw_scaled(learning_rate, weight_decay: float = 0.0,
+                 weight_decay_mask=None) -> optax.GradientTransformation:
   """nanoT5's AdamWScale: the Adam step times max(1e-3, RMS(param)), as Adafactor scales its step.
 
   Makes the step relative to each tensor's size, which lets T5 train with Adafactor-like learning
@@ -44,7 +45,7 @@ def adamw_scaled(learning_rate, weight_decay: float = 0.0, weight_decay_mask=Non
   parameter RMS, as in nanoT5.
   """
   return optax.chain(
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6),
       optax.scale_by_param_block_rms(min_scale=1e-3),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate))

@@ -52,7 +52,8 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
   graphdef, _, _ = nnx.split(abstract_model, nnx.Param, ...)
   abstract = jax.eval_shape(init)
   replicated = NamedSharding(mesh, PartitionSpec())
-  param_shardings = mesh_lib.logical_to_sharding(models.logical_axes(abstract_model), mesh, rules)
+  param_shardings = mesh_lib.logical_to_sharding(
+      models.logical_axes(abstract_model), mesh, rules, shapes=nnx.state(abstract_model, nnx.Param))
   shardings = TrainState(
       step=replicated, params=param_shardings, rng=replicated,
       opt_state=opt_state_shardings(optimizer, abstract.params, param_shardings,

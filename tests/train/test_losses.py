@@ -1,0 +1,118 @@
+"""Cross entropy with z-loss and label smoothing against an independent numpy implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import logsumexp, softmax
+
+from t5lite.train import losses
+
+
+def numpy_losses(logits, targets, weights, z_loss, label_smoothing):
+  """T5X's cross_entropy_with_logits the long way: an explicit smoothed one-hot target."""
+  vocab = logits.shape[-1]
+  low = label_smoothing / (vocab - 1)
+  q = np.full(logits.shape, low)
+  np.put_along_axis(q, targets[..., None], 1.0 - label_smoothing, axis=-1)
+  log_z = logsumexp(logits, axis=-1)
+  log_p = logits - log_z[..., None]
+  entropy = -np.sum(np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0), axis=-1)
+  z = z_loss * log_z**2
+  loss = -np.sum(q * log_p, axis=-1) - entropy + z
+  return dict(loss=np.sum(loss * weights), z_loss=np.sum(z * weights), weight=np.sum(weights),
+              correct=np.sum((logits.argmax(-1) == targets) * weights))
+
+
+@pytest.fixture
+def batch():
+  rng = np.random.default_rng(0)
+  logits = 3.0 * rng.normal(size=(2, 7, 11))
+  targets = rng.integers(0, 11, size=(2, 7))
+  weights = (rng.random((2, 7)) < 0.7).astype(np.float32)
+  weights[0, 0] = 0.0
+  return logits, targets, weights
+
+
+@pytest.mark.parametrize('z_loss, label_smoothing', [(0.0, 0.0), (1e-4, 0.0), (0.0, 0.1),
+                                                     (0.1, 0.2)])
+def test_matches_numpy(batch, z_loss, label_smoothing):
+  logits, targets, weights = batch
+  got = losses.token_losses(jnp.asarray(logits, jnp.float32), targets, weights, z_loss=z_loss,
+                            label_smoothing=label_smoothing)
+  want = numpy_losses(logits, targets, weights, z_loss, label_smoothing)
+  assert set(got) == set(want)
+  for name in want:
+    assert got[name].dtype == jnp.float32
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+def test_a_perfect_prediction_costs_nothing(label_smoothing):
+  vocab, targets = 32, np.array([[3, 0, 31]])
+  q = np.full((1, 3, vocab), label_smoothing / (vocab - 1))
+  np.put_along_axis(q, targets[..., None], 1.0 - label_smoothing, axis=-1)
+  logits = np.log(np.maximum(q, 1e-30)) + 5.0  # softmax(logits) = q, shifted
+  got = losses.token_losses(jnp.asarray(logits, jnp.float32), targets, np.ones((1, 3)),
+                            label_smoothing=label_smoothing)
+  np.testing.assert_allclose(got['loss'], 0.0, atol=1e-4)
+  assert got['correct'] == 3
+
+
+def test_z_loss_gradient(batch):
+  logits, targets, weights = batch
+  z_loss = 0.01
+  grad = jax.grad(lambda x: losses.token_losses(x, targets, weights, z_loss=z_loss)['z_loss'])(
+      jnp.asarray(logits, jnp.float32))
+  # d/dx z * logsumexp(x)^2 = 2 z logsumexp(x) softmax(x), per weighted position.
+  want = 2 * z_loss * logsumexp(logits, -1, keepdims=True) * softmax(logits, -1)
+  np.testing.assert_allclose(grad, want * weights[..., None], rtol=1e-4, atol=1e-7)
+
+
+def test_zero_weights_are_ignored(batch):
+  logits, targets, weights = batch
+  kwargs = dict(z_loss=1e-4, label_smoothing=0.1)
+  base = losses.token_losses(jnp.asarray(logits), targets, weights, **kwargs)
+  padding = weights == 0
+  noisy = np.where(padding[..., None], 1e3 * np.random.default_rng(1).normal(size=logits.shape),
+                   logits)
+  moved = losses.token_losses(jnp.asarray(noisy), np.where(padding, 0, targets), weights, **kwargs)
+  for name in base:
+    np.testing.assert_allclose(moved[name], base[name], rtol=1e-6)
+
+
+def test_microbatch_sums_add_up_to_the_batch(batch):
+  logits, targets, weights = batch
+  whole = losses.token_losses(jnp.asarray(logits), targets, weights, z_loss=1e-4)
+  halves = [losses.token_losses(jnp.asarray(logits[i:i + 1]), targets[i:i + 1],
+                                weights[i:i + 1], z_loss=1e-4) for i in (0, 1)]
+  for name in whole:
+    np.testing.assert_allclose(halves[0][name] + halves[1][name], whole[name], rtol=1e-6)
+
+
+def test_bfloat16_logits_are_reduced_in_float32():
+  logits = jnp.zeros((1, 4, 1000), jnp.bfloat16)
+  got = losses.token_losses(logits, np.zeros((1, 4), np.int32), np.ones((1, 4)))
+  np.testing.assert_allclose(got['loss'], 4 * np.log(1000), rtol=1e-6)
+
+
+def test_loss_denominator():
+  weights = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], np.float32)
+  assert float(losses.loss_denominator(weights, 'real_tokens')) == 3.0
+  assert float(losses.loss_denominator(weights, 'total_tokens')) == 8.0
+  assert float(losses.loss_denominator(weights, 233472.0)) == 233472.0
+  assert float(losses.loss_denominator(weights, '233472')) == 233472.0  # a --config override
+
+
+@pytest.mark.parametrize('normalizer', ['tokens', 0, -1.0, 'nan', None])
+def test_bad_normalizer_is_one_line(normalizer):
+  with pytest.raises(ValueError, match='train.loss_normalizer=.* is not one of real_tokens, '
+                                       'total_tokens or a positive number') as error:
+    losses.loss_denominator(np.ones((2, 3)), normalizer)
+  assert '\n' not in str(error.value)
+
+
+def test_bad_label_smoothing():
+  with pytest.raises(ValueError, match=r'train.label_smoothing must be in \[0, 1\), got 1.0'):
+    losses.token_losses(jnp.zeros((1, 2, 5)), np.zeros((1, 2), int), np.ones((1, 2)),
+                        label_smoothing=1.0)

@@ -1,0 +1,114 @@
+"""The mesh from config, the logical-axis rules and the divisibility checks, on 8 fake CPUs."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from t5lite.config import base_config
+from t5lite.models.config import ModelConfig
+from t5lite.train import mesh as mesh_lib
+
+
+def make(data=-1, fsdp=1, tensor=1, devices=None):
+  return mesh_lib.make_mesh(dict(data=data, fsdp=fsdp, tensor=tensor), devices)
+
+
+def test_make_mesh_sizes_and_rest():
+  assert jax.device_count() == 8
+  mesh = mesh_lib.make_mesh(base_config().mesh)
+  assert mesh.axis_names == ('data', 'fsdp', 'tensor')
+  assert dict(mesh.shape) == dict(data=8, fsdp=1, tensor=1)
+  assert mesh.axis_types == (AxisType.Auto,) * 3
+  assert dict(make(2, -1, 2).shape) == dict(data=2, fsdp=2, tensor=2)
+  assert dict(make(devices=jax.devices()[:4]).shape) == dict(data=4, fsdp=1, tensor=1)
+
+
+@pytest.mark.parametrize('sizes, match', [
+    ((2, 2, 4), 'mesh.data=2 mesh.fsdp=2 mesh.tensor=4 does not fit 8 devices'),
+    ((-1, 3, 1), 'does not fit 8 devices'),
+    ((-1, -1, 2), 'at most one -1'),
+    ((0, 8, 1), 'positive'),
+])
+def test_make_mesh_refuses_a_mesh_that_does_not_fit(sizes, match):
+  with pytest.raises(ValueError, match=match) as error:
+    make(*sizes)
+  assert '\n' not in str(error.value)
+
+
+def test_parameter_layout_on_2x2x2():
+  mesh = make(2, 2, 2)
+  specs = {
+      'wi': P('embed', 'mlp'),
+      'wo': P('mlp', 'embed'),
+      'q': P('embed', 'heads', 'kv'),
+      'scale': P('embed'),
+      'relpos': P('relpos_buckets', 'heads'),
+      'stacked': P('layers', 'embed', 'mlp'),
+      'lm_head': P('embed', 'vocab'),
+  }
+  shardings = mesh_lib.logical_to_sharding(specs, mesh)
+  assert {k: s.spec for k, s in shardings.items()} == {
+      'wi': P('fsdp', 'tensor'),
+      'wo': P('tensor', 'fsdp'),
+      'q': P('fsdp', 'tensor', None),
+      'scale': P('fsdp'),
+      'relpos': P(None, 'tensor'),
+      'stacked': P(None, 'fsdp', 'tensor'),
+      'lm_head': P('fsdp', 'tensor'),
+  }
+  # Placed for real: each device holds a quarter of wi (d_model/2 x d_ff/2).
+  wi = jax.device_put(jnp.zeros((16, 32)), shardings['wi'])
+  assert {shard.data.shape for shard in wi.addressable_shards} == {(8, 16)}
+
+
+def test_activations_use_each_mesh_axis_once():
+  mesh = make(2, 2, 2)
+  spec = mesh_lib.logical_to_mesh_spec(P('batch', 'length', 'embed'), mesh)
+  assert spec == P(('data', 'fsdp'), None, None)
+
+
+def test_dims_that_do_not_divide_are_replicated(caplog):
+  mesh = make(2, 1, 4)
+  specs = {'q': P('embed', 'heads', 'kv'), 'wi': P('embed', 'mlp')}
+  shapes = {'q': jax.ShapeDtypeStruct((512, 6, 64), jnp.float32),  # T5 v1.1 small: 6 heads
+            'wi': jax.ShapeDtypeStruct((512, 1024), jnp.float32)}
+  with caplog.at_level(logging.WARNING):
+    shardings = mesh_lib.logical_to_sharding(specs, mesh, shapes=shapes)
+  assert shardings['q'].spec == P('fsdp', None, None)  # heads replicated
+  assert shardings['wi'].spec == P('fsdp', 'tensor')
+  assert 'size 6 does not divide' in caplog.text
+
+
+def test_rules_can_be_overridden_and_must_cover_every_name():
+  mesh = make(2, 2, 2)
+  rules = dict(mesh_lib.DEFAULT_RULES, embed=None, vocab=('fsdp', 'tensor'))
+  shardings = mesh_lib.logical_to_sharding({'emb': P('vocab', 'embed')}, mesh, rules)
+  assert shardings['emb'].spec == P(('fsdp', 'tensor'), None)
+  with pytest.raises(ValueError, match="logical axis 'expert' has no sharding rule"):
+    mesh_lib.logical_to_sharding({'w': P('expert', 'embed')}, mesh)
+  with pytest.raises(ValueError, match=r"the rule for 'mlp' names mesh axes \('model',\)"):
+    mesh_lib.logical_to_sharding({'w': P('mlp')}, mesh, dict(rules, mlp='model'))
+
+
+def test_batch_sharding_splits_examples_over_data_and_fsdp():
+  mesh = make(2, 2, 2)
+  sharding = mesh_lib.batch_sharding(mesh)
+  assert sharding.spec == P(('data', 'fsdp'))
+  batch = jax.device_put(jnp.zeros((8, 5), jnp.int32), sharding)
+  assert {shard.data.shape for shard in batch.addressable_shards} == {(2, 5)}
+
+
+def test_check_divisibility():
+  data = base_config().data
+  small = ModelConfig(num_heads=6, d_ff=1024)  # T5 v1.1 small
+  mesh_lib.check_divisibility(small, data, make(4, 1, 2))
+  with pytest.raises(ValueError, match=r'model.num_heads=6 is not divisible by mesh.tensor=4'):
+    mesh_lib.check_divisibility(small, data, make(2, 1, 4))
+  with pytest.raises(ValueError, match=r'model.d_ff=1020 .* mesh.tensor=8'):
+    mesh_lib.check_divisibility(ModelConfig(num_heads=8, d_ff=1020), data, make(1, 1, 8))
+  data.batch_size = 12
+  with pytest.raises(ValueError, match=r'data.batch_size=12 .* mesh.data\*mesh.fsdp=8'):
+    mesh_lib.check_divisibility(small, data, make(4, 2, 1))
