@@ -39,9 +39,10 @@ def load_run_config(args, overrides):
 
 @command('train', 'pretrain a model; resumes from the workdir if it holds a checkpoint')
 def train_command(args, overrides):
-  from t5lite.train import loop
+  from t5lite.train import distributed, loop
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                         args.coordinator_timeout, args.multihost)
   config = load_run_config(args, overrides)
-  print(config)
   loop.train(config, args.workdir)
 
 
@@ -97,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
     parsers[name].add_argument('--config', help='preset file, e.g. configs/t5_tiny.py[:arg]')
   for name in ('train', 'eval', 'export', 'import-hf'):
     parsers[name].add_argument('--workdir', required=True)
+  parsers['train'].add_argument('--coordinator_address', help='HOST:PORT of process 0')
+  parsers['train'].add_argument('--num_processes', type=int)
+  parsers['train'].add_argument('--process_id', type=int)
+  parsers['train'].add_argument('--multihost', action='store_true',
+                                help='join a multi-process run JAX detects (TPU pod, SLURM)')
+  parsers['train'].add_argument('--coordinator_timeout', type=int, default=300,
+                                help='seconds to wait for all processes to join')
   parsers['eval'].add_argument('--data', help='a .txt/.jsonl file to evaluate on instead')
   parsers['eval'].add_argument('--num_batches', type=int, default=None)
   parsers['data'].add_argument('--num_batches', type=int, default=4)

@@ -118,6 +118,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   last logged metrics."""
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
   prepare_workdir(workdir, config)
+  if jax.process_index() == 0:
+    print(config, flush=True)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
   latest = checkpointer.latest_step()
   if latest is not None:

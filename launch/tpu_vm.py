@@ -1,0 +1,318 @@
+"""Train t5lite on a Cloud TPU VM slice: create it, install t5lite on every worker, train, delete.
+
+  python launch/tpu_vm.py run --name=t5-base --zone=us-central2-b --accelerator_type=v4-32 \\
+      -- --config=configs/t5_1_1_base.py --workdir=gs://BUCKET/runs/t5-base
+
+Actions: create | setup | train | logs | delete | run (= create, setup, train). Everything after
+`--` is passed unchanged to `t5lite train` on every worker, which finds the other workers by itself
+(`jax.distributed.initialize()` reads the TPU VM environment) and resumes from the workdir's latest
+checkpoint. Each action is a list of gcloud commands built by a pure function below; `--dry_run`
+prints them, one per line, instead of running them. Run it from the repository root.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+# The TPU software version for JAX per generation ("TPU software versions", Cloud TPU docs).
+RUNTIME_VERSIONS = {
+    'v2': 'tpu-ubuntu2204-base',
+    'v3': 'tpu-ubuntu2204-base',
+    'v4': 'tpu-ubuntu2204-base',
+    'v5p': 'v2-alpha-tpuv5',
+    'v5litepod': 'v2-alpha-tpuv5-lite',
+    'v6e': 'v2-alpha-tpuv6e',
+}
+# Generations whose accelerator type counts TensorCores (2 a chip); v5litepod and v6e count chips.
+COUNTS_CORES = ('v2', 'v3', 'v4', 'v5p')
+CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # the v5e and v6e slice sizes
+NAME_PATTERN = r'[a-z]([-a-z0-9]{0,61}[a-z0-9])?'
+ZONE_PATTERN = r'[a-z]+-[a-z]+[0-9]+-[a-z]'
+
+# What `setup` copies to every worker: what `pip install -e .` and `--config=configs/...` need.
+SOURCES = ('setup.py', 'README.md', 't5lite', 'configs')
+REMOTE_DIR = 't5lite'  # relative to the worker's home; `t5lite train` runs there
+VENV = '$HOME/t5lite-venv'  # the TPU VM images ship Python 3.10; t5lite needs 3.11
+LOG = '$HOME/t5lite-train.log'
+EXIT_FILE = '$HOME/t5lite-train.exit'  # holds the exit status once `t5lite train` has ended
+LOST_STATES = {'PREEMPTED', 'TERMINATED', 'SUSPENDING', 'SUSPENDED', 'FAILED', 'NOT_FOUND'}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def accelerator_type(text: str) -> str:
+  """argparse type: a known generation and a slice size that exists for it."""
+  match = re.fullmatch(r'(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)', text)
+  size = int(match.group(2)) if match else 0
+  if match and (size % 8 == 0 if match.group(1) in COUNTS_CORES else size in CHIP_SLICES):
+    return text
+  raise argparse.ArgumentTypeError(
+      f'unknown accelerator type {text!r}: expected v2|v3|v4|v5p-CORES (a multiple of 8, '
+      'e.g. v4-8) or v5litepod|v6e-CHIPS (1, 4, 8, 16, ..., 256; TPU v5e is v5litepod-N)')
+
+
+def pattern(regex: str, what: str):
+  def check(text):
+    if not re.fullmatch(regex, text):
+      raise argparse.ArgumentTypeError(f'{text!r} is not a valid {what}')
+    return text
+  return check
+
+
+def num_workers(accelerator: str) -> int:
+  """VMs in a slice: 4 chips each, except slices of up to 8 v5e/v6e chips, which are one VM."""
+  generation, size = accelerator.rsplit('-', 1)
+  if generation in COUNTS_CORES:
+    return max(1, int(size) // 8)
+  return 1 if int(size) <= 8 else int(size) // 4
+
+
+def gcloud(args, words: list[str], *flags: str) -> list[str]:
+  """`gcloud compute tpus WORDS --zone=Z [--project=P] FLAGS`."""
+  project = [f'--project={args.project}'] if args.project else []
+  return ['gcloud', 'compute', 'tpus', *words, f'--zone={args.zone}', *project, *flags]
+
+
+def ssh(args, worker: str, command: str) -> list[str]:
+  return gcloud(args, ['tpu-vm', 'ssh', args.name], f'--worker={worker}', f'--command={command}')
+
+
+def create_commands(args) -> list[list[str]]:
+  """One create: a TPU VM now, or a queued resource that waits for capacity."""
+  version = args.runtime_version or RUNTIME_VERSIONS[args.accelerator_type.rsplit('-', 1)[0]]
+  tier = ['--spot'] if args.spot else ['--preemptible'] if args.preemptible else []
+  if args.queued:
+    return [gcloud(args, ['queued-resources', 'create', args.name], f'--node-id={args.name}',
+                   f'--accelerator-type={args.accelerator_type}', f'--runtime-version={version}',
+                   *tier)]
+  return [gcloud(args, ['tpu-vm', 'create', args.name],
+                 f'--accelerator-type={args.accelerator_type}', f'--version={version}', *tier)]
+
+
+def install_script(package: str) -> str:
+  """Python 3.11 from Ubuntu, a venv, then `pip install PACKAGE` in ~/t5lite, on every worker."""
+  apt = 'sudo apt-get -qq -o DPkg::Lock::Timeout=600'  # a fresh VM may still be upgrading itself
+  return ' && '.join([
+      f'{apt} update', f'{apt} install -y python3.11 python3.11-venv',
+      f'python3.11 -m venv {VENV}', f'{VENV}/bin/pip install -q --upgrade pip',
+      f'cd {REMOTE_DIR}', f'{VENV}/bin/pip install -q {package}'])
+
+
+def setup_commands(args) -> list[list[str]]:
+  """Copy this checkout (only `configs/` with --package) to every worker and install it there."""
+  sources = ['configs'] if args.package else list(SOURCES)
+  package = shlex.quote(args.package) if args.package else '-e ".[tpu]"'
+  return [
+      ssh(args, 'all', f'mkdir -p {REMOTE_DIR}'),
+      gcloud(args, ['tpu-vm', 'scp', '--recurse', *sources, f'{args.name}:{REMOTE_DIR}/'],
+             '--worker=all'),
+      ssh(args, 'all', install_script(package)),
+  ]
+
+
+def train_script(train_flags: list[str]) -> str:
+  """Start `t5lite train FLAGS` in the background, logging to ~/t5lite-train.log."""
+  train = (f'{VENV}/bin/t5lite train --multihost {shlex.join(train_flags)}; '
+           f'echo $? > {EXIT_FILE}')
+  return (f'cd {REMOTE_DIR} && rm -f {EXIT_FILE} && '
+          f'nohup bash -c {shlex.quote(train)} > {LOG} 2>&1 < /dev/null &')
+
+
+def train_commands(args) -> list[list[str]]:
+  """The same `t5lite train` on all workers at once: they are the processes of one JAX run."""
+  return [ssh(args, 'all', train_script(args.train_flags))]
+
+
+def logs_commands(args) -> list[list[str]]:
+  """Follow worker 0's log: it runs process 0, the only one that logs."""
+  return [ssh(args, '0', f'tail -n 100 -F {LOG}')]
+
+
+def delete_commands(args) -> list[list[str]]:
+  if args.queued:  # --force deletes its TPU VM too
+    return [gcloud(args, ['queued-resources', 'delete', args.name], '--force', '--quiet')]
+  return [gcloud(args, ['tpu-vm', 'delete', args.name], '--quiet')]
+
+
+def state_command(args) -> list[str]:
+  if args.queued:
+    return gcloud(args, ['queued-resources', 'describe', args.name], '--format=value(state.state)')
+  return gcloud(args, ['tpu-vm', 'describe', args.name], '--format=value(state)')
+
+
+def exit_status_command(args) -> list[str]:
+  return ssh(args, '0', f'cat {EXIT_FILE} 2>/dev/null || true')
+
+
+def workdir(train_flags: list[str]) -> str | None:
+  """The value of --workdir among the t5lite train flags (the last one wins, as in argparse)."""
+  values = [None]
+  for i, flag in enumerate(train_flags):
+    if flag.startswith('--workdir='):
+      values.append(flag.split('=', 1)[1])
+    elif flag == '--workdir' and i + 1 < len(train_flags):
+      values.append(train_flags[i + 1])
+  return values[-1]
+
+
+def workdir_warning(args) -> str | None:
+  """Workers of a multi-host slice checkpoint together, so into a path they all see (gs://)."""
+  path, workers = workdir(args.train_flags), num_workers(args.accelerator_type)
+  if workers > 1 and not path.startswith('gs://'):
+    return (f'tpu_vm.py: warning: --workdir={path} is local to each of the {workers} workers '
+            f'of {args.accelerator_type}; checkpoints need a path they all share: gs://BUCKET/RUN')
+  return None
+
+
+def execute(args, commands: list[list[str]]):
+  """Run each command, stopping at the first failure; with --dry_run, print them instead."""
+  for command in commands:
+    if args.dry_run:
+      print(shlex.join(command), flush=True)
+    else:
+      print(f'+ {shlex.join(command)}', file=sys.stderr, flush=True)
+      subprocess.run(command, check=True, cwd=REPO)
+
+
+def query(command: list[str]) -> str | None:
+  """Its output; NOT_FOUND when the resource is gone; None when gcloud failed otherwise."""
+  result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+  if result.returncode == 0:
+    return result.stdout.strip()
+  return 'NOT_FOUND' if 'NOT_FOUND' in result.stderr else None
+
+
+def create_slice(args):
+  """Create the slice; a queued resource is only a request until it turns ACTIVE (maybe hours)."""
+  execute(args, create_commands(args))
+  if not args.queued:
+    return
+  if args.dry_run:
+    print(shlex.join(state_command(args)))
+    return
+  while (state := query(state_command(args))) != 'ACTIVE':
+    if state in LOST_STATES:
+      raise SystemExit(f'tpu_vm.py: error: queued resource {args.name} is {state}: '
+                       f'{shlex.join(gcloud(args, ["queued-resources", "describe", args.name]))}')
+    print(f'{args.name} is {state or "unknown"}; waiting for ACTIVE', file=sys.stderr, flush=True)
+    time.sleep(args.poll_seconds)
+
+
+def launch(args):
+  create_slice(args)
+  execute(args, setup_commands(args) + train_commands(args))
+
+
+def relaunch(args, state: str | None) -> bool:
+  """Delete what is left of the slice and launch anew; False (try again later) if a step failed."""
+  try:
+    if state != 'NOT_FOUND':
+      execute(args, delete_commands(args))
+    launch(args)
+    return True
+  except (subprocess.CalledProcessError, SystemExit) as error:
+    print(f'tpu_vm.py: relaunch failed ({error}); next try in {args.poll_seconds:g} s',
+          file=sys.stderr, flush=True)
+    return False
+
+
+def watch(args) -> int:
+  """Poll until training ends (its exit status); recreate, reinstall and resume after preemption."""
+  if args.dry_run:
+    execute(args, [state_command(args), exit_status_command(args)])
+    return 0
+  running = True
+  while True:
+    time.sleep(args.poll_seconds)
+    state = query(state_command(args))
+    if state in LOST_STATES or not running:
+      reason = f'is {state}' if state in LOST_STATES else 'did not start training'
+      print(f'tpu_vm.py: {args.name} {reason}; recreating it, training resumes from the latest '
+            'checkpoint in the workdir', file=sys.stderr, flush=True)
+      running = relaunch(args, state)
+    elif state in ('READY', 'ACTIVE') and (status := query(exit_status_command(args))):
+      print(f'tpu_vm.py: t5lite train exited with status {status}', file=sys.stderr)
+      return int(status.split()[-1])
+
+
+def parser() -> argparse.ArgumentParser:
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument('--name', required=True, type=pattern(NAME_PATTERN, 'TPU name'),
+                      help='TPU VM (and queued resource) name: lowercase letters, digits, -')
+  common.add_argument('--zone', required=True, type=pattern(ZONE_PATTERN, 'zone'),
+                      help='e.g. us-central2-b; each generation is in a few zones only')
+  common.add_argument('--project', help="default: the gcloud configuration's project")
+  common.add_argument('--dry_run', action='store_true', help='print the gcloud commands only')
+  queued = argparse.ArgumentParser(add_help=False)
+  queued.add_argument('--queued', action='store_true',
+                      help='a queued resource: waits for capacity instead of failing')
+  accelerator = argparse.ArgumentParser(add_help=False)
+  accelerator.add_argument('--accelerator_type', required=True, type=accelerator_type,
+                           help='e.g. v4-8, v4-32, v5p-8, v5litepod-16, v6e-8')
+  slice_ = argparse.ArgumentParser(add_help=False)
+  slice_.add_argument('--runtime_version', help='default: the JAX image for the generation')
+  tier = slice_.add_mutually_exclusive_group()
+  tier.add_argument('--spot', action='store_true', help='Spot VMs: cheaper, can be preempted')
+  tier.add_argument('--preemptible', action='store_true', help='the older preemptible tier')
+  slice_.add_argument('--poll_seconds', type=float, default=60.0,
+                      help='how often to check a queued resource or a running slice')
+  install = argparse.ArgumentParser(add_help=False)
+  install.add_argument('--package', help='a pip spec to install instead of this checkout, e.g. '
+                       '"t5lite[tpu] @ git+https://github.com/ORG/t5lite"; configs/ is copied')
+  train = argparse.ArgumentParser(add_help=False)
+  train.add_argument('train_flags', nargs='*', metavar='-- T5LITE_TRAIN_FLAGS')
+  restart = argparse.ArgumentParser(add_help=False)
+  restart.add_argument('--restart_on_preemption', action='store_true',
+                       help='stay, recreate the slice when preempted and resume training')
+  top = argparse.ArgumentParser(prog='launch/tpu_vm.py', description=__doc__.split('\n')[0])
+  actions = top.add_subparsers(dest='action', required=True, metavar='action')
+  for name, parents, text in [
+      ('create', [common, queued, accelerator, slice_], 'create the TPU VM slice'),
+      ('setup', [common, install], 'install t5lite[tpu] on every worker'),
+      ('train', [common, accelerator, train], 'start t5lite train on every worker'),
+      ('logs', [common], "follow process 0's log (worker 0)"),
+      ('delete', [common, queued], 'delete the slice'),
+      ('run', [common, queued, accelerator, slice_, install, train, restart],
+       'create + setup + train')]:
+    actions.add_parser(name, parents=parents, help=text)
+  return top
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  top = parser()
+  args = top.parse_args(argv)
+  if getattr(args, 'queued', False) and getattr(args, 'preemptible', False):
+    top.error('queued resources take --spot, not --preemptible')
+  if args.action in ('train', 'run') and not workdir(args.train_flags):
+    top.error('give the t5lite train flags after --, with --workdir: '
+              '-- --config=configs/t5_tiny.py --workdir=gs://BUCKET/RUN')
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.action in ('train', 'run') and (warning := workdir_warning(args)):
+    print(warning, file=sys.stderr)
+  try:
+    if args.action == 'create':
+      create_slice(args)
+    elif args.action == 'run':
+      launch(args)
+      return watch(args) if args.restart_on_preemption else 0
+    else:
+      execute(args, {'setup': setup_commands, 'train': train_commands, 'logs': logs_commands,
+                     'delete': delete_commands}[args.action](args))
+  except subprocess.CalledProcessError as error:
+    print(f'tpu_vm.py: error: {shlex.join(error.cmd)} exited with status {error.returncode}',
+          file=sys.stderr)
+    return error.returncode
+  except KeyboardInterrupt:
+    return 130
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

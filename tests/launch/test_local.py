@@ -1,0 +1,72 @@
+"""launch/local.py with stand-in commands: flags, environment, output routing, failure, timeout."""
+
+import sys
+import time
+
+import pytest
+
+from launch import local
+
+SHOW = """
+import os, sys
+print(' '.join(sys.argv[1:]))
+print(os.environ['XLA_FLAGS'], os.environ['JAX_PLATFORMS'], os.environ['T5LITE_TEST'])
+"""
+# Two real JAX processes: the coordinator flags and fake devices that launch_local hands out work.
+JAX_PROCESS = """
+import sys
+import jax, numpy as np
+from jax.experimental import multihost_utils
+flags = dict(arg[2:].split('=', 1) for arg in sys.argv[1:])
+jax.distributed.initialize(flags['coordinator_address'], int(flags['num_processes']),
+                           int(flags['process_id']))
+ids = multihost_utils.process_allgather(np.array([jax.process_index()])).ravel().tolist()
+print('result', jax.process_index(), jax.local_device_count(), jax.device_count(), ids)
+"""
+
+
+def python(code: str) -> list[str]:
+  return [sys.executable, '-c', code]
+
+
+def test_each_process_gets_the_coordinator_its_id_and_its_devices(capsys):
+  env = dict(XLA_FLAGS='--xla_force_host_platform_device_count=8 --xla_cpu_enable_fast_math=false',
+             T5LITE_TEST='yes')
+  assert local.launch_local(['--workdir=runs/x'], 2, 3, env=env, command=python(SHOW)) == 0
+  printed = capsys.readouterr()
+  (args0, env0), (args1, env1) = printed.out.splitlines(), printed.err.splitlines()
+  port = args0.split()[2].rsplit(':', 1)[1]
+  assert args0 == (f'[0] --workdir=runs/x --coordinator_address=127.0.0.1:{port} '
+                   '--num_processes=2 --process_id=0')
+  assert args1 == args0.replace('[0]', '[1]').replace('process_id=0', 'process_id=1')
+  assert env0 == env1.replace('[1]', '[0]') == (
+      '[0] --xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=3 cpu yes')
+
+
+def test_real_jax_processes_see_each_other(capsys):
+  assert local.launch_local([], 2, 3, command=python(JAX_PROCESS), timeout=60) == 0
+  printed = capsys.readouterr()
+  results = [line for line in (printed.out + printed.err).splitlines() if 'result' in line]
+  assert sorted(results) == ['[0] result 0 3 6 [0, 1]', '[1] result 1 3 6 [0, 1]']
+
+
+def test_one_failure_stops_the_others_with_one_line(capsys):
+  fail_second = "import sys, time\nif sys.argv[-1] == '--process_id=1': sys.exit(3)\ntime.sleep(60)"
+  start = time.monotonic()
+  assert local.launch_local([], 3, 1, command=python(fail_second)) == 3
+  assert time.monotonic() - start < 10
+  assert capsys.readouterr().err == (
+      'launch/local.py: process 1 exited with status 3; stopped the 2 still running\n')
+
+
+def test_timeout_stops_everything(capsys):
+  sleep = python('import time; time.sleep(60)')
+  assert local.launch_local([], 2, 1, timeout=0.2, command=sleep) == 124
+  assert capsys.readouterr().err.endswith('timed out after 0.2 s; stopped the 2 still running\n')
+
+
+def test_cli_rejects_a_zero_process_count(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    local.main(['--num_processes=0'])
+  assert exit_.value.code == 2
+  assert "'0' is not a positive integer" in capsys.readouterr().err
