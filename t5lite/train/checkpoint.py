@@ -19,7 +19,8 @@ class Checkpointer:
   def __init__(self, workdir: str, checkpoint_cfg, *, read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=checkpoint_cfg.keep,
+        max_to_keep=None if read_only else checkpoint_cfg.keep,
+        save_interval_steps=0 if read_only else 1,
         keep_period=checkpoint_cfg.keep_period or None,
         enable_async_checkpointing=checkpoint_cfg.async_save and not read_only,
         create=not read_only,

@@ -103,10 +103,11 @@ def setup(config: ml_collections.ConfigDict):
   model_cfg = config_lib.model_config(config)
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh)
-  per_process = config.data.batch_size // jax.process_count()
-  if config.train.microbatches < 1 or per_process % config.train.microbatches:
-    raise ValueError(f'train.microbatches={config.train.microbatches} must divide the '
-                     f'per-process batch {per_process}')
+  microbatches, shards = config.train.microbatches, mesh_lib.batch_shards(mesh)
+  if microbatches < 1 or config.data.batch_size % (microbatches * shards):
+    raise ValueError(f'train.microbatches={microbatches} must divide data.batch_size='
+                     f'{config.data.batch_size} into microbatches that split evenly over the '
+                     f'{shards} batch shards of the mesh')
   optimizer = optim.make_optimizer(config.optim, config.train.steps)
   schedule = optim.make_schedule(config.optim, config.train.steps)
   rules = mesh_lib.DEFAULT_RULES
@@ -124,6 +125,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   latest = checkpointer.latest_step()
   if latest is not None:
     check_same_model(checkpointer, latest, config)
+  rates = throughput_rates(config, model_cfg)  # measures the CPU's matmul rate: before the mesh
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     if latest is None:
@@ -143,23 +145,30 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         in_shardings=(spec.shardings.params, batch_sharding))
     try:
       return run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
-                       checkpointer, model_cfg)
+                       checkpointer, rates)
     finally:
       checkpointer.wait()
       checkpointer.close()
 
 
+def throughput_rates(config, model_cfg) -> tuple[float, float]:
+  """(tokens per step, FLOPs per step as a fraction of the devices' peak in one second): a step
+  of s seconds then runs at tokens/s and MFU of those divided by s."""
+  data_cfg = config.data
+  flops = flops_lib.train_flops_per_step(model_cfg, data_cfg.inputs_length,
+                                         data_cfg.targets_length, batch_size=data_cfg.batch_size)
+  peak = flops_lib.peak_flops_per_device()[0] * jax.device_count()
+  return data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length), flops / peak
+
+
 def run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
-              checkpointer, model_cfg) -> dict:
+              checkpointer, rates) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN."""
   train_cfg, data_cfg = config.train, config.data
   batches = pipeline.make_pipeline(data_cfg, 'train', start=start)
   writer = MetricWriter(workdir)
   preempted = Preempted()
-  tokens_per_step = data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length)
-  flops_per_step = flops_lib.train_flops_per_step(
-      model_cfg, data_cfg.inputs_length, data_cfg.targets_length, batch_size=data_cfg.batch_size)
-  peak = flops_lib.peak_flops_per_device()[0] * jax.device_count()
+  tokens_per_step, peak_fraction_per_second = rates
   local_batches = iter(batches)
   first = next(local_batches)
   compile_start = time.perf_counter()
@@ -180,7 +189,7 @@ def run_steps(config, workdir, state, start, train_step, eval_step, batch_shardi
         seconds = (time.perf_counter() - tic) / len(pending)
         last = mean_metrics(pending)
         last.update(tokens_per_s=tokens_per_step / seconds, step_seconds=seconds,
-                    mfu=flops_per_step / seconds / peak)
+                    mfu=peak_fraction_per_second / seconds)
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
           last.update(evaluate(eval_step, state.params,
                                pipeline.make_pipeline(data_cfg, 'validation'),

@@ -113,6 +113,11 @@ def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
   return NamedSharding(mesh, logical_to_mesh_spec(PartitionSpec('batch'), mesh, rules))
 
 
+def batch_shards(mesh: Mesh, rules=DEFAULT_RULES) -> int:
+  """How many ways the `batch` rule splits a global batch on this mesh."""
+  return math.prod(mesh.shape[a] for a in _mesh_axes('batch', dict(rules)))
+
+
 def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules=DEFAULT_RULES) -> None:
   """Refuse, with one line, a batch or model that the mesh cannot split evenly.
 

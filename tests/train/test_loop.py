@@ -1,0 +1,113 @@
+"""`t5lite train` end to end on the bundled corpus: exact resume, NaN stop, SIGTERM, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from t5lite import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# t5_tiny shrunk to seconds per run: 1+1 layers of width 64, 32 input / 8 target tokens.
+SMALL = ['--config=' + os.path.join(ROOT, 'configs', 't5_tiny.py'),
+         '--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
+         '--config.model.d_kv=32', '--config.model.num_encoder_layers=1',
+         '--config.model.num_decoder_layers=1', '--config.data.batch_size=8',
+         '--config.data.inputs_length=32', '--config.data.targets_length=8',
+         '--config.train.log_every=1', '--config.train.eval_every=0',
+         '--config.checkpoint.async_save=false']  # mesh.data=-1: all 8 fake devices
+
+
+def train(workdir, *flags) -> int:
+  return cli.main(['train', f'--workdir={workdir}', *SMALL, *flags])
+
+
+def metrics(workdir) -> dict[int, dict]:
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return {row['step']: row for row in map(json.loads, f) if 'loss' in row}
+
+
+def saved_params(workdir, step) -> dict[str, np.ndarray]:
+  from t5lite.train import checkpoint as checkpoint_lib
+  from t5lite import config as config_lib
+  import orbax.checkpoint as ocp
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  tree = ocp.StandardCheckpointer().restore(path)
+  del checkpoint_lib, config_lib
+  flat = {}
+  def walk(node, prefix):
+    for key, value in node.items():
+      (walk(value, f'{prefix}/{key}') if isinstance(value, dict) else
+       flat.__setitem__(f'{prefix}/{key}', np.asarray(value)))
+  walk(tree['params'], '')
+  return flat
+
+
+def test_resumed_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_path):
+  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+  assert train(straight, '--config.train.steps=6', '--config.checkpoint.every_steps=3') == 0
+  assert train(resumed, '--config.train.steps=3', '--config.checkpoint.every_steps=3') == 0
+  assert train(resumed, '--config.train.steps=6', '--config.checkpoint.every_steps=3') == 0
+  a, b = metrics(straight), metrics(resumed)
+  assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
+  for step in a:
+    assert a[step]['loss'] == b[step]['loss'], step
+  params_a, params_b = saved_params(straight, 6), saved_params(resumed, 6)
+  assert params_a.keys() == params_b.keys()
+  for name in params_a:
+    np.testing.assert_array_equal(params_a[name], params_b[name], err_msg=name)
+
+
+def test_nan_loss_stops_before_saving(tmp_path, capsys):
+  # An infinite z-loss coefficient makes the very first loss infinite.
+  assert train(tmp_path, '--config.train.steps=4', '--config.train.z_loss=inf') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and 'loss became NaN or Inf at or before step 1' in error[0]
+  assert not os.listdir(tmp_path / 'checkpoints')
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--config.mesh.data=3'], 'does not fit 8 devices'),
+    (['--config.data.batch_size=6'], 'data.batch_size=6 is not divisible by mesh.data*mesh.fsdp=8'),
+    (['--config.model.activation=swish'], "model.activation='swish' is not one of"),
+    (['--config.optim.name=sgd'], 'sgd'),
+    (['--config.train.microbatches=2'], 'train.microbatches=2 must divide data.batch_size=8'),
+    (['--config.model.num_heads=3', '--config.mesh.tensor=2'],
+     'model.num_heads=3 is not divisible by mesh.tensor=2'),
+    (['--bogus=1'], 'unrecognized argument --bogus=1'),
+])
+def test_bad_settings_fail_in_one_line_before_compiling(tmp_path, capsys, flags, message):
+  assert train(tmp_path, *flags) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0], error
+
+
+def test_resuming_another_model_shape_is_refused(tmp_path, capsys):
+  assert train(tmp_path, '--config.train.steps=1') == 0
+  assert train(tmp_path, '--config.train.steps=2', '--config.model.d_ff=256') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and 'holds a checkpoint of another model (d_ff 128 vs 256)' in error[0]
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1']
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_zero(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  process = subprocess.Popen(
+      [sys.executable, '-m', 't5lite', 'train', f'--workdir={tmp_path}', *SMALL,
+       '--config.train.steps=100000', '--config.checkpoint.every_steps=100000'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for line in process.stdout:  # wait until it is really stepping
+    if line.startswith('step 2/'):
+      break
+  sent = time.monotonic()
+  process.send_signal(signal.SIGTERM)
+  process.stdout.read()
+  assert process.wait(timeout=60) == 0
+  assert time.monotonic() - sent < 30
+  steps = [int(name) for name in os.listdir(tmp_path / 'checkpoints')]
+  assert len(steps) == 1 and 2 <= steps[0] < 100000
