@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   data.batch_size = 128  # global, across all processes
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
+  data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
 
   config.train = train = ml_collections.ConfigDict()
   train.steps = 10_000
