@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5lite import config as config_lib
@@ -44,7 +45,7 @@ class Preempted:
   def __call__(self, step: int) -> bool:
     # Cloud TPU preemption notices arrive through JAX's sync point, on every process alike.
     return self.requested or jax.distributed.is_initialized() and (
-        jax.experimental.multihost_utils.reached_preemption_sync_point(step))
+        multihost_utils.reached_preemption_sync_point(step))
 
   def restore(self):
     signal.signal(signal.SIGTERM, self._previous)
@@ -129,11 +130,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     if latest is None:
-      state, start = spec.init(), 0
+      state, data_start = spec.init(), 0
     else:
-      state, _ = checkpointer.restore(latest, spec.abstract)
-      start = int(state.step)
-      logging.info('resumed from %s at step %d', checkpointer.directory, start)
+      state, data_position = checkpointer.restore(latest, spec.abstract)
+      data_start = data_position.get('processes') or int(state.step)  # HF imports have none
+      logging.info('resumed from %s at step %d', checkpointer.directory, latest)
     batch_sharding = mesh_lib.batch_sharding(mesh)
     train_step = jax.jit(
         step_lib.make_train_step(spec.graphdef, spec.rest, model_cfg, config.train, optimizer,
@@ -144,7 +145,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_step = jax.jit(step_lib.make_eval_step(spec.graphdef, spec.rest, model_cfg, config.train),
                         in_shardings=(spec.shardings.params, batch_sharding))
     try:
-      return run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
+      return run_steps(config, workdir, state, data_start, train_step, eval_step, batch_sharding,
                        checkpointer, rates)
     finally:
       checkpointer.wait()
@@ -161,11 +162,12 @@ def throughput_rates(config, model_cfg) -> tuple[float, float]:
   return data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length), flops / peak
 
 
-def run_steps(config, workdir, state, start, train_step, eval_step, batch_sharding,
+def run_steps(config, workdir, state, data_start, train_step, eval_step, batch_sharding,
               checkpointer, rates) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN."""
   train_cfg, data_cfg = config.train, config.data
-  batches = pipeline.make_pipeline(data_cfg, 'train', start=start)
+  batches = pipeline.make_pipeline(data_cfg, 'train', start=data_start)
+  start = int(state.step)
   writer = MetricWriter(workdir)
   preempted = Preempted()
   tokens_per_step, peak_fraction_per_second = rates
@@ -200,7 +202,7 @@ def run_steps(config, workdir, state, start, train_step, eval_step, batch_shardi
         pending, tic = [], time.perf_counter()
       if step % config.checkpoint.every_steps == 0 or done or stop:
         check_finite(nonfinite, step, checkpointer)
-        checkpointer.save(step, state, batches.state(), config.to_dict())
+        checkpointer.save(step, state, all_data_positions(batches), config.to_dict())
       if stop:
         logging.warning('preempted: saved step %d, exiting', step)
         break
@@ -208,6 +210,19 @@ def run_steps(config, workdir, state, start, train_step, eval_step, batch_shardi
     preempted.restore()
     writer.close()
   return last
+
+
+def all_data_positions(batches) -> dict:
+  """Every process's pipeline position (streamed sources differ per process), gathered as JSON."""
+  local = json.dumps(batches.state()).encode().ljust(POSITION_BYTES)
+  if len(local) > POSITION_BYTES:
+    raise ValueError(f'data pipeline state over {POSITION_BYTES} bytes: {local[:80]!r}...')
+  gathered = multihost_utils.process_allgather(np.frombuffer(local, np.uint8), tiled=False)
+  rows = np.asarray(gathered).reshape(jax.process_count(), POSITION_BYTES)
+  return {'processes': [json.loads(bytes(row).decode().strip()) for row in rows]}
+
+
+POSITION_BYTES = 1024
 
 
 def check_finite(nonfinite, step: int, checkpointer) -> None:
