@@ -1,4 +1,4 @@
-"""A T5 v1.1-style model small enough to pretrain on a laptop CPU in minutes (about 9M parameters).
+"""A T5 v1.1-style model small enough to pretrain on a laptop CPU in minutes (13.6M parameters).
 
 Uses the SentencePiece vocabulary trained on the bundled corpus (8,000 pieces + 100 sentinels,
 padded to 8,192) and short sequences, so that `make demo` shows the loss falling in a few minutes.

@@ -29,9 +29,10 @@ def target_features(model_cfg: ModelConfig) -> tuple[str, str]:
   return TARGETS[model_cfg.arch]
 
 
-def loss_sums(model, batch, model_cfg: ModelConfig, train_cfg, *, deterministic: bool):
-  """Summed loss, z-loss, weight and correct predictions of one (micro)batch."""
-  logits = model(batch, deterministic=deterministic)  # (batch, length, vocab) float32
+def loss_sums(model, batch, model_cfg: ModelConfig, train_cfg, *, dropout_key=None):
+  """Summed loss, z-loss, weight and correct predictions of one (micro)batch; dropout iff a key."""
+  rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
+  logits = model(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, vocab) float32
   targets, weights = (batch[name] for name in target_features(model_cfg))
   return losses.token_losses(logits, targets, weights, z_loss=train_cfg.z_loss,
                              label_smoothing=train_cfg.label_smoothing)
@@ -56,9 +57,8 @@ def make_train_step(graphdef, rest, model_cfg: ModelConfig, train_cfg,
   def grads_and_sums(params, batch, key, denominator):
     def loss_fn(params):
       model = nnx.merge(graphdef, params, rest)
-      if not deterministic:
-        nnx.reseed(model, dropout=key)
-      sums = loss_sums(model, batch, model_cfg, train_cfg, deterministic=deterministic)
+      sums = loss_sums(model, batch, model_cfg, train_cfg,
+                       dropout_key=None if deterministic else key)
       return sums['loss'] / denominator, sums
     grads, sums = jax.grad(loss_fn, has_aux=True)(params)
     return grads, sums
@@ -95,7 +95,7 @@ def make_eval_step(graphdef, rest, model_cfg: ModelConfig, train_cfg) -> Callabl
   """Returns eval_step(params, batch) -> sums; the caller adds sums over batches, then divides."""
   def eval_step(params, batch):
     model = nnx.merge(graphdef, params, rest)
-    return loss_sums(model, batch, model_cfg, train_cfg, deterministic=True)
+    return loss_sums(model, batch, model_cfg, train_cfg)
   return eval_step
 
 

@@ -1,0 +1,192 @@
+"""Hugging Face export and import of T5 encoder-decoders: config.json + model.safetensors.
+
+The parameter names map one to one (`_name_table`); the only transform is PyTorch's Linear
+layout: our kernel (in..., out...) is HF's weight (out, in) flattened and transposed. HF keeps the
+relative attention bias only in block 0 of each stack, as we keep one table per stack.
+Export needs neither torch nor transformers; tensors are written as float32.
+
+Tied heads: T5 v1.0 ties the lm head to the shared embedding and rescales by d_model**-0.5
+(`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling. transformers 5.x may
+tie an unscaled head to the embedding (`scale_decoder_outputs: false`); such a checkpoint imports
+as an untied head holding a copy of the embedding, which computes the same logits.
+"""
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from flax import nnx
+import numpy as np
+import safetensors.numpy
+
+from t5lite.models import build
+from t5lite.models.config import ModelConfig
+from t5lite.models.params import Params, flatten, stack_layers, unstack_layers
+
+# Our activation -> HF T5Config.feed_forward_proj ('gelu_new' is HF's tanh approximation).
+FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gated-gelu': 'gated-gelu',
+                     'gated-silu': 'gated-silu'}
+CONFIG_FILE, WEIGHTS_FILE = 'config.json', 'model.safetensors'
+INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  if cfg.arch != 'encoder_decoder':
+    raise ValueError(f'export supports T5 encoder-decoder models; got arch={cfg.arch}')
+  t5 = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)
+  for name, value in t5.items():
+    if getattr(cfg, name) != value:
+      raise ValueError(f'export supports T5 encoder-decoder models ({name}={value!r}); '
+                       f'got {name}={getattr(cfg, name)!r}')
+
+
+def _name_table(cfg: ModelConfig) -> list[tuple[tuple, str, int]]:
+  """(our param path, HF tensor name, input dims of a Linear kernel or 0 to copy as is)."""
+  rows = [(('embed', 'embedding'), 'shared.weight', 0)]
+  if not cfg.tie_embeddings:
+    rows.append((('lm_head', 'kernel'), 'lm_head.weight', 1))
+  mlp = ('wi_0', 'wi_1', 'wo') if cfg.is_gated else ('wi', 'wo')
+  stacks = (('encoder', cfg.num_encoder_layers, (('self_attention', 'SelfAttention'),)),
+            ('decoder', cfg.num_decoder_layers, (('self_attention', 'SelfAttention'),
+                                                 ('cross_attention', 'EncDecAttention'))))
+  for stack, num_layers, attentions in stacks:
+    rows += [((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0),
+             ((stack, 'relative_bias', 'embedding'),
+              f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', 0)]
+    for i in range(num_layers):
+      ours, theirs = (stack, 'layers', i), f'{stack}.block.{i}.layer'
+      for j, (attention, hf_attention) in enumerate(attentions):
+        rows += [((*ours, attention, p, 'kernel'), f'{theirs}.{j}.{hf_attention}.{p}.weight',
+                  2 if p == 'o' else 1) for p in 'qkvo']
+        rows.append(((*ours, f'{attention}_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight', 0))
+      j = len(attentions)
+      rows += [((*ours, 'mlp', w, 'kernel'), f'{theirs}.{j}.DenseReluDense.{w}.weight', 1)
+               for w in mlp]
+      rows.append(((*ours, 'mlp_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight', 0))
+  return rows
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The config.json of T5ForConditionalGeneration for `cfg`."""
+  _check_exportable(cfg)
+  return {
+      'architectures': ['T5ForConditionalGeneration'], 'model_type': 't5',
+      'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model, 'd_kv': cfg.d_kv, 'd_ff': cfg.d_ff,
+      'num_heads': cfg.num_heads, 'num_layers': cfg.num_encoder_layers,
+      'num_decoder_layers': cfg.num_decoder_layers,
+      'relative_attention_num_buckets': cfg.relative_buckets,
+      'relative_attention_max_distance': cfg.relative_max_distance,
+      'feed_forward_proj': FEED_FORWARD_PROJ[cfg.activation],
+      'layer_norm_epsilon': cfg.norm_eps, 'dropout_rate': cfg.dropout, 'initializer_factor': 1.0,
+      'tie_word_embeddings': cfg.tie_embeddings, 'is_encoder_decoder': True, 'use_cache': True,
+      'pad_token_id': 0, 'eos_token_id': 1, 'decoder_start_token_id': 0, 'dtype': 'float32',
+  }
+
+
+def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> None:
+  """Writes `params` (`nnx.state(model, nnx.Param)` or `get_params(model)`) as an HF folder."""
+  config = hf_config(cfg)
+  if isinstance(params, nnx.State):
+    params = params.to_pure_dict()
+  if cfg.scan_layers:
+    params = unstack_layers(params)
+  flat = dict(flatten(params))
+  tensors = {}
+  for path, name, num_in in _name_table(cfg):
+    if path not in flat:
+      raise ValueError(f'params have no {"/".join(map(str, path))}; are they of this config?')
+    value = np.asarray(flat[path], np.float32)
+    if num_in:  # (in..., out...) -> (in, out) -> (out, in)
+      value = value.reshape(math.prod(value.shape[:num_in]), -1).T
+    tensors[name] = np.ascontiguousarray(value)
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, CONFIG_FILE), 'w') as f:
+    json.dump(config, f, indent=2)
+  safetensors.numpy.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
+                              metadata={'format': 'pt'})
+
+
+def _read_folder(folder: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """config.json and every tensor of model.safetensors (single or sharded)."""
+  config_path = os.path.join(folder, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise ValueError(f'{folder} is not a Hugging Face checkpoint: no {CONFIG_FILE}')
+  with open(config_path) as f:
+    config = json.load(f)
+  if config.get('model_type') != 't5':
+    raise ValueError(f'{folder} is not a T5 checkpoint: model_type={config.get("model_type")!r}')
+  if os.path.isfile(os.path.join(folder, INDEX_FILE)):
+    with open(os.path.join(folder, INDEX_FILE)) as f:
+      files = sorted(set(json.load(f)['weight_map'].values()))
+  elif os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
+    files = [WEIGHTS_FILE]
+  else:
+    raise ValueError(f'{folder} has no {WEIGHTS_FILE} (PyTorch .bin checkpoints are not read)')
+  tensors = {}
+  for name in files:
+    tensors.update(safetensors.numpy.load_file(os.path.join(folder, name)))
+  return config, tensors
+
+
+def _model_config(config: dict[str, Any], tensors: dict[str, np.ndarray],
+                  overrides: dict[str, Any]) -> ModelConfig:
+  """Our ModelConfig for an HF T5 config; an unscaled tied head imports as untied."""
+  required = ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_layers')
+  absent = [key for key in required if key not in config]
+  if absent:
+    raise ValueError(f'T5 config.json misses {", ".join(absent)}')
+  activations = {v: k for k, v in FEED_FORWARD_PROJ.items()}
+  proj = config.get('feed_forward_proj', 'relu')
+  if proj not in activations:
+    raise ValueError(f'unsupported T5 feed_forward_proj={proj!r}; expected one of '
+                     f'{", ".join(activations)}')
+  scaled = config.get('scale_decoder_outputs', config.get('tie_word_embeddings', True))
+  if scaled and 'lm_head.weight' in tensors and not np.array_equal(
+      tensors['lm_head.weight'], tensors.get('shared.weight')):
+    raise ValueError('checkpoint rescales logits by d_model**-0.5 but has its own lm_head; '
+                     'only tied+scaled (v1.0) or untied+unscaled (v1.1) heads are supported')
+  fields = dict(
+      arch='encoder_decoder', vocab_size=config['vocab_size'], d_model=config['d_model'],
+      d_ff=config['d_ff'], num_heads=config['num_heads'], d_kv=config['d_kv'],
+      num_encoder_layers=config['num_layers'],
+      num_decoder_layers=config.get('num_decoder_layers') or config['num_layers'],
+      activation=activations[proj], norm='rms', norm_position='pre',
+      norm_eps=config.get('layer_norm_epsilon', 1e-6), position='t5_relative',
+      relative_buckets=config.get('relative_attention_num_buckets', 32),
+      relative_max_distance=config.get('relative_attention_max_distance', 128),
+      tie_embeddings=bool(scaled), use_bias=False, dropout=config.get('dropout_rate', 0.0))
+  return ModelConfig(**{**fields, **overrides})
+
+
+def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
+  """(ModelConfig, params) of an HF T5 folder; params load with `load_params(build(cfg), ...)`.
+
+  overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
+  """
+  config, tensors = _read_folder(folder)
+  cfg = _model_config(config, tensors, overrides)
+  if not cfg.tie_embeddings and 'lm_head.weight' not in tensors:
+    tensors['lm_head.weight'] = tensors.get('shared.weight')  # HF tied an unscaled head
+  unrolled = dataclasses.replace(cfg, scan_layers=False)
+  abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
+  shapes = dict(flatten(nnx.state(abstract, nnx.Param).to_pure_dict()))
+  table = _name_table(cfg)
+  missing = [name for _, name, _ in table if tensors.get(name) is None]
+  if missing:
+    raise ValueError(f'{folder} misses {len(missing)} T5 tensor(s), e.g. {missing[0]}')
+  params: Params = {}
+  for path, name, num_in in table:
+    shape = shapes[path].shape
+    hf_shape = (math.prod(shape[num_in:]), math.prod(shape[:num_in])) if num_in else shape
+    value = tensors[name].astype(np.float32)
+    if value.shape != hf_shape:
+      raise ValueError(f'{name} has shape {value.shape}, config.json implies {hf_shape}')
+    if num_in:
+      value = value.T.reshape(shape)  # (out, in) -> (in, out) -> (in..., out...)
+    node = params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return cfg, stack_layers(params) if cfg.scan_layers else params

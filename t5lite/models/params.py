@@ -1,0 +1,85 @@
+"""A model's parameters as plain trees: logical axes, get/load, and the scanned <-> unrolled layout.
+
+`get_params(model)` gives the nested dict of arrays that checkpoints and the Hugging Face export
+exchange (`{'encoder': {'layers': {0: {'self_attention': {'q': {'kernel': ...}}}}}}`); with
+`scan_layers` the per-layer dicts become one dict whose arrays have a leading 'layers' axis
+(`stack_layers` / `unstack_layers` convert).
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+Params = dict[str, Any]
+
+
+def logical_axes(model: nnx.Module) -> nnx.State:
+  """PartitionSpecs of logical axis names, in the structure of `nnx.state(model, nnx.Param)`.
+
+  Always the logical names (never mapped through rules in context), so the trainer can apply its
+  own table, e.g. `flax.linen.logical_to_mesh_axes(tuple(spec), rules)` per leaf.
+  """
+  def spec(variable: nnx.Variable) -> nnx.Variable:
+    return variable.replace(PartitionSpec(*variable.get_metadata()['out_sharding']))
+
+  return jax.tree.map(spec, nnx.state(model, nnx.Param),
+                      is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def get_params(model: nnx.Module) -> Params:
+  """The model's parameters as a nested dict of arrays (integer keys index unrolled layers)."""
+  return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+def load_params(model: nnx.Module, params: Mapping[str, Any]) -> None:
+  """Writes `params` (the structure `get_params` gives) into `model`, cast to its param dtype."""
+  state = nnx.state(model, nnx.Param)
+  expected, given = dict(flatten(state.to_pure_dict())), dict(flatten(params))
+  if expected.keys() != given.keys():
+    missing = sorted('/'.join(map(str, k)) for k in expected.keys() - given.keys())
+    extra = sorted('/'.join(map(str, k)) for k in given.keys() - expected.keys())
+    raise ValueError(f'params do not match the model (was scan_layers changed?): '
+                     f'missing {missing[:3]}, unexpected {extra[:3]}')
+  for path, ref in expected.items():
+    if jnp.shape(given[path]) != ref.shape:
+      raise ValueError(f'param {"/".join(map(str, path))} has shape {jnp.shape(given[path])}, '
+                       f'the model has {ref.shape}')
+  nnx.replace_by_pure_dict(state, jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
+                                               dict(params), state.to_pure_dict()))
+  nnx.update(model, state)
+
+
+def flatten(tree: Mapping[Any, Any], prefix: tuple = ()):
+  """Yields (path, leaf) of a nested dict, path a tuple of keys."""
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      yield from flatten(value, (*prefix, key))
+    else:
+      yield (*prefix, key), value
+
+
+def unstack_layers(params: Mapping[str, Any]) -> Params:
+  """Scanned layout -> unrolled: stack['layers'][name] (n, ...) -> stack['layers'][i][name]."""
+  out = dict(params)
+  for stack in ('encoder', 'decoder'):
+    if stack in out:
+      layers = out[stack]['layers']
+      num_layers = jax.tree.leaves(layers)[0].shape[0]
+      out[stack] = {**out[stack], 'layers': {
+          i: jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)}}
+  return out
+
+
+def stack_layers(params: Mapping[str, Any]) -> Params:
+  """Unrolled layout -> scanned: stack['layers'][i][name] -> stack['layers'][name] (n, ...)."""
+  out = dict(params)
+  for stack in ('encoder', 'decoder'):
+    if stack in out:
+      layers = out[stack]['layers']
+      ordered = [layers[i] for i in sorted(layers)]
+      out[stack] = {**out[stack], 'layers': jax.tree.map(lambda *xs: jnp.stack(xs), *ordered)}
+  return out

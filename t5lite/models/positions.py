@@ -1,0 +1,84 @@
+"""Position information: T5's relative position bias, sinusoidal and learned tables, RoPE.
+
+T5 adds a learned per-head bias to the attention logits, indexed by a bucketed query-key distance;
+the others are absolute encodings added to the embeddings (sinusoidal, learned) or rotations of
+queries and keys (RoPE). Absolute ones read the `*_positions` feature of packed data so that each
+segment restarts at 0.
+"""
+
+import math
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.layers import param
+
+
+def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
+  """Mesh TensorFlow's bucketing of `memory_position - query_position` into [0, num_buckets).
+
+  Half the buckets (per direction when bidirectional) hold exact distances, the rest grow
+  logarithmically up to max_distance; beyond it all distances share the last bucket. Causal
+  stacks put every future position in bucket 0. E.g. bidirectional, 32 buckets, 128:
+  -1 -> 1, 1 -> 17, 8 -> 24, 200 -> 31.
+  """
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_position > 0).astype(relative_position.dtype) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  # log(0) is never used: jnp.where picks the exact bucket for small distances.
+  scaled = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+            / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+  large = jnp.minimum(max_exact + scaled.astype(distance.dtype), num_buckets - 1)
+  return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(nnx.Module):
+  """T5's per-head bias table, computed once per stack and shared by all its layers."""
+
+  def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+    self.bidirectional = bidirectional
+    self.num_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+    self.embedding = param(rngs, jax.nn.initializers.normal(cfg.d_model**-0.5),
+                           (cfg.relative_buckets, cfg.num_heads), ('relpos_buckets', 'heads'), cfg)
+
+  def __call__(self, query_length: int, key_length: int) -> jax.Array:
+    """Float32 bias of shape (1, heads, query_length, key_length)."""
+    relative = jnp.arange(key_length)[None, :] - jnp.arange(query_length)[:, None]  # (q, k)
+    bucket = relative_position_bucket(relative, bidirectional=self.bidirectional,
+                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
+    values = jnp.take(self.embedding[...].astype(jnp.float32), bucket, axis=0)  # (q, k, h)
+    return jnp.transpose(values, (2, 0, 1))[None]  # (q, k, h) -> (1, h, q, k)
+
+
+def sinusoidal_positions(positions: jax.Array, features: int) -> jax.Array:
+  """Vaswani et al.'s fixed encoding, sines in the first half of features and cosines in the second.
+
+  positions: (b, l) integers -> (b, l, features) float32.
+  """
+  half = features // 2
+  inv_timescale = jnp.exp(-math.log(10_000.0) * jnp.arange(half) / max(half - 1, 1))  # (half,)
+  angles = positions.astype(jnp.float32)[..., None] * inv_timescale  # (b, l, 1) * (half,)
+  encoding = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # (b, l, 2 * half)
+  return jnp.pad(encoding, ((0, 0), (0, 0), (0, features - 2 * half)))  # odd features: one zero
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
+  """Rotates each (i, i + d/2) pair of a head's features by position * base**(-2i/d) (GPT-NeoX).
+
+  x: (b, l, h, d), positions: (b, l) -> (b, l, h, d) in x's dtype.
+  """
+  half = x.shape[-1] // 2
+  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (d/2,)
+  angles = positions.astype(jnp.float32)[..., None, None] * inv_freq  # (b, l, 1, 1) * (d/2,)
+  sin, cos = jnp.sin(angles), jnp.cos(angles)  # (b, l, 1, d/2)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # (b, l, h, d) -> 2 x (b, l, h, d/2)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)

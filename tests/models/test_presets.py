@@ -1,0 +1,93 @@
+"""Every preset in configs/ builds abstractly with its published size; bad configs fail early."""
+
+import dataclasses
+import importlib.util
+import math
+import pathlib
+
+from flax import nnx
+import jax
+import pytest
+
+from t5lite import config as t5config
+from t5lite.models import ModelConfig, build
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / 'configs'
+
+# Published sizes (T5 paper, T5 v1.1 release notes); counted with the untied v1.1 lm head.
+# Exact counts agree with HF T5ForConditionalGeneration built on the meta device.
+PUBLISHED = {
+    't5_small': 60.5e6, 't5_base': 223e6, 't5_large': 738e6, 't5_3b': 2.85e9, 't5_11b': 11.3e9,
+    't5_1_1_small': 77e6, 't5_1_1_base': 248e6, 't5_1_1_large': 783e6, 't5_1_1_xl': 2.85e9,
+    't5_1_1_xxl': 11.1e9,
+}
+
+
+def preset(name: str) -> ModelConfig:
+  """The ModelConfig of configs/NAME.py, imported from its path (no config flags)."""
+  spec = importlib.util.spec_from_file_location(f'configs_{name}', CONFIGS / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return t5config.model_config(module.get_config())
+
+
+def count_params(cfg: ModelConfig) -> int:
+  """Parameters of the abstract model; scanned layers trace one layer per stack, so it is fast."""
+  model = nnx.eval_shape(lambda: build(dataclasses.replace(cfg, scan_layers=True), nnx.Rngs(0)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def t5_formula(cfg: ModelConfig) -> int:
+  """T5's parameter count by hand: embedding, attention, FFN, RMSNorm scales, bias tables."""
+  attention = 4 * cfg.d_model * cfg.num_heads * cfg.d_kv
+  ffn = (3 if cfg.is_gated else 2) * cfg.d_model * cfg.d_ff
+  encoder_layer = attention + ffn + 2 * cfg.d_model
+  decoder_layer = 2 * attention + ffn + 3 * cfg.d_model
+  per_stack = cfg.relative_buckets * cfg.num_heads + cfg.d_model  # bias table, final norm
+  embeddings = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+  return (embeddings + 2 * per_stack + cfg.num_encoder_layers * encoder_layer
+          + cfg.num_decoder_layers * decoder_layer)
+
+
+def test_every_preset_is_covered():
+  names = {path.stem for path in CONFIGS.glob('*.py')}
+  assert set(PUBLISHED) <= names
+  assert names - set(PUBLISHED) <= {'t5_tiny'}, 'add the new preset to PUBLISHED'
+
+
+@pytest.mark.parametrize('name', sorted(PUBLISHED))
+def test_preset_parameter_count(name):
+  cfg = preset(name)
+  count = count_params(cfg)
+  print(f'{name}: {count:,} parameters (published {PUBLISHED[name]:,.0f})')
+  assert count == t5_formula(cfg)
+  assert abs(count / PUBLISHED[name] - 1) < 0.01
+
+
+def test_t5_tiny_builds():
+  cfg = preset('t5_tiny')
+  assert count_params(cfg) == t5_formula(cfg) == 13_637_376
+
+
+def test_scanned_and_unrolled_have_the_same_parameters():
+  cfg = preset('t5_small')
+  unrolled = nnx.eval_shape(lambda: build(cfg, nnx.Rngs(0)))
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(unrolled, nnx.Param)))
+  assert count == count_params(cfg) == 60_506_624
+
+
+@pytest.mark.parametrize('field, value', [
+    ('activation', 'swish'), ('position', 'alibi'), ('norm', 'batch'), ('arch', 'rnn'),
+    ('attention', 'flash'), ('remat_policy', 'some'), ('dtype', 'int8'),
+])
+def test_bad_config_fails_at_construction(field, value):
+  with pytest.raises(ValueError, match=f'model.{field}'):
+    ModelConfig(**{field: value})
+
+
+def test_unknown_preset_key_fails():
+  config = t5config.base_config()
+  config.model.unlock()
+  config.model.n_layers = 3
+  with pytest.raises(ValueError, match='model.n_layers'):
+    t5config.model_config(config)
