@@ -81,6 +81,13 @@ def import_hf_command(args, overrides):
   print(f'imported {args.hf} into {args.workdir}: {config.model.d_model=}')
 
 
+@command('plan', 'per-device memory, FLOPs and step time of a config on a topology, no hardware')
+def plan_command(args, overrides):
+  from t5lite.train import plan
+  config = load_run_config(args, overrides)
+  print(plan.format_plan(plan.plan(config, args.topology, mfu=args.mfu)))
+
+
 @command('tokenizer', 'train a SentencePiece vocabulary (T5 ids, 100 sentinels appended)')
 def tokenizer_command(args, overrides):
   from t5lite.data import vocabulary
@@ -94,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
   top = argparse.ArgumentParser(prog='t5lite', description='T5-family pretraining in JAX/Flax.')
   sub = top.add_subparsers(dest='command', required=True, metavar='command')
   parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
-  for name in ('train', 'eval', 'data', 'export'):
+  for name in ('train', 'eval', 'data', 'export', 'plan'):
     parsers[name].add_argument('--config', help='preset file, e.g. configs/t5_tiny.py[:arg]')
   for name in ('train', 'eval', 'export', 'import-hf'):
     parsers[name].add_argument('--workdir', required=True)
@@ -113,6 +120,10 @@ def parser() -> argparse.ArgumentParser:
   parsers['export'].add_argument('--out', required=True)
   parsers['export'].add_argument('--step', type=int, default=None, help='default: the latest')
   parsers['import-hf'].add_argument('--hf', required=True, help='a Hugging Face T5 folder')
+  parsers['plan'].add_argument('--topology', required=True,
+                               help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
+  parsers['plan'].add_argument('--mfu', type=float, default=0.4,
+                               help='model FLOPs utilisation assumed for the step time')
   parsers['tokenizer'].add_argument('--input', required=True, nargs='+', help='text files')
   parsers['tokenizer'].add_argument('--vocab_size', type=int, default=8000)
   parsers['tokenizer'].add_argument('--out', required=True)

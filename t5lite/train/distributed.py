@@ -5,6 +5,8 @@ nothing, so the same command runs on a laptop and on a pod.
 """
 
 import os
+import socket
+import time
 
 import jax
 
@@ -26,6 +28,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       raise ValueError('--coordinator_address, --num_processes and --process_id go together')
     if not 0 <= process_id < num_processes:
       raise ValueError(f'--process_id={process_id} must be in [0, --num_processes={num_processes})')
+    if process_id != 0:
+      wait_for_coordinator(coordinator_address, timeout_seconds)
   elif not multihost and (not any(h in os.environ for h in CLUSTER_HINTS) or _single_slurm_task()):
     return
   try:
@@ -38,6 +42,25 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                      f'{timeout_seconds}s ({type(error).__name__}: {first_line}); check that '
                      'every process started with the same --coordinator_address and '
                      '--num_processes') from error
+
+
+def wait_for_coordinator(address: str, timeout_seconds: float) -> None:
+  """Polls process 0's port: JAX's client aborts the whole process (SIGABRT) when it times out,
+  so an unreachable coordinator must be caught here, in Python, to give one clear line."""
+  host, _, port = address.rpartition(':')
+  if not host or not port.isdigit():
+    raise ValueError(f'--coordinator_address={address!r} is not HOST:PORT')
+  deadline = time.monotonic() + timeout_seconds
+  while True:
+    try:
+      socket.create_connection((host, int(port)), timeout=1).close()
+      return
+    except OSError as error:
+      if time.monotonic() >= deadline:
+        raise ValueError(f'could not join the run at {address} within {timeout_seconds}s '
+                         f'({error.strerror or error}); start process 0 first, or check '
+                         '--coordinator_address') from None
+      time.sleep(0.5)
 
 
 def _single_slurm_task() -> bool:
