@@ -5,7 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= runs/demo
-DEMO_STEPS ?= 600
+DEMO_STEPS ?= 200
+DEMO_BATCH ?= 16
 
 .PHONY: demo test test-fast bench clean
 
@@ -22,7 +23,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/t5lite train --config=configs/t5_tiny.py --workdir=$(DEMO_DIR) --config.train.steps=$(DEMO_STEPS)
+	$(BIN)/t5lite train --config=configs/t5_tiny.py --workdir=$(DEMO_DIR) \
+	    --config.train.steps=$(DEMO_STEPS) --config.data.batch_size=$(DEMO_BATCH) --config.train.eval_every=100
 	$(BIN)/t5lite eval --workdir=$(DEMO_DIR)
 	$(BIN)/t5lite export --workdir=$(DEMO_DIR) --out=$(DEMO_DIR)/hf
 
