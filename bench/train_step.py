@@ -41,7 +41,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -118,12 +117,8 @@ def t5lite_step(config, batch: dict):
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-    train_step = jax.jit(
-        step_lib.make_train_step(spec.graphdef, spec.rest, model_cfg, config.train, optimizer,
-                                 schedule),
-        in_shardings=(spec.shardings, batch_sharding),
-        out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
-        donate_argnums=0)
+    train_step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer,
+                                         schedule)
     state = spec.init()
     device_batch = {k: jax.device_put(v, batch_sharding) for k, v in batch.items()}
     start = time.perf_counter()

@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
 from t5lite.data import pipeline
@@ -136,14 +136,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
       data_start = data_position.get('processes') or int(state.step)  # HF imports have none
       logging.info('resumed from %s at step %d', checkpointer.directory, latest)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = jax.jit(
-        step_lib.make_train_step(spec.graphdef, spec.rest, model_cfg, config.train, optimizer,
-                                 schedule),
-        in_shardings=(spec.shardings, batch_sharding),
-        out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
-        donate_argnums=0)
-    eval_step = jax.jit(step_lib.make_eval_step(spec.graphdef, spec.rest, model_cfg, config.train),
-                        in_shardings=(spec.shardings.params, batch_sharding))
+    train_step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
+    eval_step = step_lib.jit_eval_step(spec, mesh, model_cfg, config.train)
     try:
       return run_steps(config, workdir, state, data_start, train_step, eval_step, batch_sharding,
                        checkpointer, rates)

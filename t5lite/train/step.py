@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jax.sharding import NamedSharding, PartitionSpec
+
 from t5lite.models.config import ModelConfig
 from t5lite.train import losses
+from t5lite.train import mesh as mesh_lib
 from t5lite.train.state import TrainState
 
 # Which features hold what the model predicts, by architecture (seqio's feature converters).
@@ -97,6 +100,20 @@ def make_eval_step(graphdef, rest, model_cfg: ModelConfig, train_cfg) -> Callabl
     model = nnx.merge(graphdef, params, rest)
     return loss_sums(model, batch, model_cfg, train_cfg)
   return eval_step
+
+
+def jit_train_step(spec, mesh, model_cfg: ModelConfig, train_cfg, optimizer, schedule):
+  """The train step jitted once: state in its own shardings (donated), batch over the batch axes."""
+  return jax.jit(
+      make_train_step(spec.graphdef, spec.rest, model_cfg, train_cfg, optimizer, schedule),
+      in_shardings=(spec.shardings, mesh_lib.batch_sharding(mesh)),
+      out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
+      donate_argnums=0)
+
+
+def jit_eval_step(spec, mesh, model_cfg: ModelConfig, train_cfg):
+  return jax.jit(make_eval_step(spec.graphdef, spec.rest, model_cfg, train_cfg),
+                 in_shardings=(spec.shardings.params, mesh_lib.batch_sharding(mesh)))
 
 
 def summarize(sums) -> dict:

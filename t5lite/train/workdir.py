@@ -47,8 +47,7 @@ def evaluate_workdir(config, workdir: str, data: str | None = None,
   model_cfg = config_lib.model_config(config)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    eval_step = jax.jit(step_lib.make_eval_step(spec.graphdef, spec.rest, model_cfg, config.train),
-                        in_shardings=(spec.shardings.params, batch_sharding))
+    eval_step = step_lib.jit_eval_step(spec, mesh, model_cfg, config.train)
     metrics = loop.evaluate(eval_step, params, pipeline.make_pipeline(config.data, split),
                             num_batches or config.train.eval_batches, batch_sharding)
   return {'step': step, **metrics}

@@ -47,9 +47,7 @@ def train_losses(config, num_steps=5) -> list[float]:
   with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.DEFAULT_RULES):
     spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, mesh_lib.DEFAULT_RULES)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    step = jax.jit(step_lib.make_train_step(spec.graphdef, spec.rest, model_cfg, config.train,
-                                            optimizer, schedule),
-                   in_shardings=(spec.shardings, batch_sharding), donate_argnums=0)
+    step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
     state, losses = spec.init(), []
     for i in range(num_steps):
       batch = {k: jax.device_put(v, batch_sharding) for k, v in synthetic_batch(i).items()}
