@@ -85,7 +85,8 @@ def import_hf_command(args, overrides):
 def plan_command(args, overrides):
   from t5lite.train import plan
   config = load_run_config(args, overrides)
-  print(plan.format_plan(plan.plan(config, args.topology, mfu=args.mfu)))
+  print(plan.format_plan(plan.plan(config, args.topology, mfu=args.mfu,
+                                  compile_step=not args.analytic)))
 
 
 @command('tokenizer', 'train a SentencePiece vocabulary (T5 ids, 100 sentinels appended)')
@@ -124,6 +125,8 @@ def parser() -> argparse.ArgumentParser:
                                help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
   parsers['plan'].add_argument('--mfu', type=float, default=0.4,
                                help='model FLOPs utilisation assumed for the step time')
+  parsers['plan'].add_argument('--analytic', action='store_true',
+                               help='skip compiling; estimate memory analytically only')
   parsers['tokenizer'].add_argument('--input', required=True, nargs='+', help='text files')
   parsers['tokenizer'].add_argument('--vocab_size', type=int, default=8000)
   parsers['tokenizer'].add_argument('--out', required=True)

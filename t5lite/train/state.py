@@ -60,8 +60,10 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
                                     abstract.opt_state, replicated))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
-  # Only the RNG streams survive dead-code elimination: no parameter is computed here.
-  rest = jax.jit(lambda: _split(model_cfg, seed)[2], out_shardings=replicated)()
+  # Only the RNG streams survive dead-code elimination: no parameter is computed here. Made on
+  # the default device, not the mesh: the step closes over it as a constant, and the mesh may be
+  # compile-only (a TPU topology) or abstract (`t5lite plan`).
+  rest = jax.jit(lambda: _split(model_cfg, seed)[2])()
   return StateSpec(graphdef, rest, shardings, abstract, jax.jit(init, out_shardings=shardings))
 
 

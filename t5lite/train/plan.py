@@ -1,0 +1,362 @@
+"""`t5lite plan`: memory and FLOPs of one train step per device, on a topology you do not have.
+
+Three ways to know, the best available first:
+- a TPU slice with libtpu installed (the `tpu` extra): compile the real train step ahead of time
+  for the slice's topology on this host, as MaxText's train_compile does, and read XLA's
+  `memory_analysis()` and `cost_analysis()`;
+- `cpu:N`: compile the real step for N (fake) CPU devices of this host the same way;
+- otherwise (GPUs, or no libtpu): an analytic estimate from the real per-leaf shardings of the
+  train state (`state_spec`) and the activation count of `activation_bytes`.
+The analytic estimate is always computed, so a compiled plan shows both side by side. Against
+XLA (BENCHMARKS.md): state and batch agree to 0.1%; the total is within 10% for t5_tiny on a TPU
+v5e chip and 16-22% low for t5_1_1_base on v4-32 and v5e-256 (bfloat16, scanned, save_dots),
+where XLA also holds optimizer temporaries of the vocabulary matrices and packs its buffers
+loosely. XLA:CPU, which fuses little, keeps about twice the activations.
+
+  t5lite plan --config=configs/t5_1_1_xl.py --topology=v4-32
+"""
+
+import dataclasses
+import importlib.util
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import AbstractMesh, AxisType
+
+from t5lite import config as config_lib
+from t5lite.models.config import ModelConfig
+from t5lite.train import flops as flops_lib
+from t5lite.train import mesh as mesh_lib
+from t5lite.train import optim
+from t5lite.train import state as state_lib
+from t5lite.train import step as step_lib
+
+GiB = 2**30
+# The plan's executables never run: on CPU, skip LLVM's optimizations (same buffers, 3x faster).
+CPU_COMPILE_OPTIONS = {'xla_backend_optimization_level': 0,
+                       'xla_llvm_disable_expensive_passes': True}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  device_kind: str  # as JAX names the device: the key to flops.PEAK_BF16_FLOPS
+  hbm_gib: float  # per chip, as sold (XLA gets slightly less: the runtime keeps some)
+  grid_dims: int = 0  # TPU: 3 for the v4/v5p torus, 2 for v5e/v6e; 0 for GPUs
+  cores_in_name: int = 1  # v4 and v5p slices are named by TensorCores: v4-32 has 16 chips
+
+
+# HBM per chip, the defaults: A100 means the 80 GiB part (`8xA100-40` for the 40 GiB one).
+TPUS = {
+    'v4': Chip('TPU v4', 32, grid_dims=3, cores_in_name=2),
+    'v5p': Chip('TPU v5', 95, grid_dims=3, cores_in_name=2),
+    'v5e': Chip('TPU v5 lite', 16, grid_dims=2),
+    'v6e': Chip('TPU v6 lite', 32, grid_dims=2),
+}
+GPUS = {
+    'h100': Chip('NVIDIA H100 80GB HBM3', 80),
+    'h200': Chip('NVIDIA H200', 141),
+    'a100': Chip('NVIDIA A100-SXM4-80GB', 80),
+    'a100-80': Chip('NVIDIA A100-SXM4-80GB', 80),
+    'a100-40': Chip('NVIDIA A100-SXM4-40GB', 40),
+}
+SCAN_WITHOUT_REMAT = (
+    'scan_layers without remat: XLA cannot fuse across the scanned loop, so every layer keeps all '
+    'the intermediates autodiff saves, 3-4x the analytic activations (t5_tiny on TPU v5e: 943 MB '
+    'of temporaries against 272 MB); set model.remat_policy to save_dots or full')
+FORMS = ('TPU slices v4-32, v5e-256 (or v5litepod-256), v5p-128, v6e-64; GPUs as '
+         '[NODESx]GPUSxMODEL with MODEL H100, H200, A100 (80 GiB) or A100-40, e.g. 8xH100, '
+         '2x8xH100; or cpu:N for N devices of this host')
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  name: str
+  platform: str  # tpu | gpu | cpu
+  num_devices: int  # JAX devices: TPU chips (one megacore device on v4/v5p), GPUs, CPU devices
+  chip: Chip | None = None  # None on cpu
+  tpu_topology: str = ''  # get_topology_desc's name, e.g. 'v4:2x2x4'
+
+
+def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
+  """Chip layout of a slice as Cloud TPU builds it: one 2x2(x1) host doubled along its shortest
+  axis, the last one on ties (v4-32: 16 chips -> 2x2x4; v5e-256 -> 16x16)."""
+  if chips == 1:
+    return (1,) * dims
+  grid = [2, 2] + [1] * (dims - 2)
+  while math.prod(grid) < chips:
+    shortest = max(i for i, n in enumerate(grid) if n == min(grid))
+    grid[shortest] *= 2
+  return tuple(grid)
+
+
+def parse_topology(text: str) -> Topology:
+  """'v4-32', 'v5litepod-256', '2x8xH100', 'cpu:8', ... -> Topology; ValueError on anything else."""
+  name = text.strip().lower()
+  if match := re.fullmatch(r'cpu:(\d+)', name):
+    if int(match[1]) > 0:
+      return Topology(name, 'cpu', int(match[1]))
+  elif match := re.fullmatch(r'(?:(\d+)x)?(\d+)x(h100|h200|a100(?:-40|-80)?)', name):
+    count = int(match[1] or 1) * int(match[2])
+    if count > 0:
+      return Topology(name.replace(match[3], match[3].upper()), 'gpu', count, GPUS[match[3]])
+  elif match := re.fullmatch(r'(v4|v5p|v5e|v5litepod|v6e)-(\d+)', name):
+    generation = 'v5e' if match[1] == 'v5litepod' else match[1]
+    chip = TPUS[generation]
+    chips, rest = divmod(int(match[2]), chip.cores_in_name)
+    # From one 2x2x1 host (v4-8, v5p-8) or one v5e/v6e chip up, doubling; v5e/v6e pods hold 256.
+    first, last = (4, 8192) if chip.grid_dims == 3 else (1, 256)
+    if not rest and first <= chips <= last and chips & (chips - 1) == 0 and chips != 2:
+      grid = 'x'.join(map(str, tpu_grid(chips, chip.grid_dims)))
+      return Topology(f'{generation}-{match[2]}', 'tpu', chips, chip, f'{generation}:{grid}')
+    raise ValueError(f'no TPU slice {text!r}: slices here have a power-of-two number of chips '
+                     f'(v4-8 and v5p-8 upwards, v5e/v6e-1 and -4 to -256)')
+  raise ValueError(f'unknown topology {text!r}; use {FORMS}')
+
+
+def topology_devices(topology: Topology):
+  """Devices to compile for: this host's CPUs for cpu:N, the compile-only devices of a TPU slice
+  where libtpu is installed; None where only the analytic estimate is possible."""
+  if topology.platform == 'cpu':
+    cpus = jax.devices('cpu')
+    if len(cpus) < topology.num_devices:
+      raise ValueError(f'{topology.name} needs {topology.num_devices} CPU devices and JAX has '
+                       f'{len(cpus)}; start with XLA_FLAGS=--xla_force_host_platform_device_count='
+                       f'{topology.num_devices}')
+    return cpus[:topology.num_devices]
+  if topology.platform != 'tpu' or importlib.util.find_spec('libtpu') is None:
+    return None
+  kwargs = {'chip_config_name': 'megacore'} if topology.chip.cores_in_name == 2 else {}
+  if topology.num_devices == 1:
+    kwargs['chips_per_host_bounds'] = (1, 1, 1)
+  return topologies.get_topology_desc(topology.tpu_topology, 'tpu', **kwargs).devices
+
+
+def plan_mesh(mesh_cfg, topology: Topology, devices):
+  """The run's mesh over `devices`, or an AbstractMesh of the same shape when there are none."""
+  try:
+    if devices is not None:
+      return mesh_lib.make_mesh(mesh_cfg, devices)
+    shape = mesh_lib.mesh_shape(mesh_cfg, topology.num_devices)
+  except ValueError as error:
+    raise ValueError(f'{topology.name}: {error}') from None
+  return AbstractMesh(shape, mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def abstract_batch(model_cfg: ModelConfig, data_cfg, sharding) -> dict:
+  """ShapeDtypeStructs of one global batch as the pipeline feeds it (seqio's feature names)."""
+  inputs, targets = data_cfg.inputs_length, data_cfg.targets_length
+  sides = {'encoder_decoder': {'encoder': inputs, 'decoder': targets},
+           'encoder': {'encoder': inputs},
+           'decoder': {'decoder': inputs + targets}}[model_cfg.arch]
+  names = {f'{side}_{n}': length for side, length in sides.items()
+           for n in ('input_tokens', 'segment_ids', 'positions')}
+  for name in step_lib.target_features(model_cfg):
+    names[name] = sides[name.split('_')[0]]
+  return {name: jax.ShapeDtypeStruct((data_cfg.batch_size, length), jnp.int32, sharding=sharding)
+          for name, length in names.items()}
+
+
+def per_device_bytes(tree) -> int:
+  """What one device holds of a tree of sharded ShapeDtypeStructs: the shard of every leaf."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor: int, *,
+                cross_length: int = 0) -> dict[str, float]:
+  """Bytes one layer keeps for its backward pass on one device, for b examples, by remat policy.
+
+  none, per sublayer: its input, the residual stream (b, length, d_model) in the compute dtype
+  (norm outputs are recomputed inside fusions); attention: q and the attention output over the
+  queries, k and v over the keys, and the float32 softmax probabilities (b, heads, q, k); MLP:
+  the outputs of its input projections, (b, length, d_ff), two when gated (the activation and
+  the gating product are recomputed in fusions). Heads and d_ff are split over `tensor`,
+  d_model activations are not. cross_length > 0 adds cross-attention to that many keys.
+  save_dots: the layer's input and the outputs of its matmuls against weights that its backward
+  pass reads (q, k, v, the attention output projection, the MLP input projections), not the
+  probabilities. full: the layer's input alone.
+  """
+  s = jnp.dtype(cfg.dtype).itemsize
+  inner = cfg.num_heads * cfg.d_kv * s / tensor  # bytes per position of q, k, v or their output
+  probs = cfg.num_heads * 4 / tensor  # bytes per (query, key) pair
+  residual = length * cfg.d_model * s
+  mlp = (2 if cfg.is_gated else 1) * length * cfg.d_ff * s / tensor
+  keys = [kv_length] + ([cross_length] if cross_length else [])
+  none = sum(residual + 2 * length * inner + 2 * k * inner + length * k * probs for k in keys)
+  dots = sum(length * inner + 2 * k * inner + residual for k in keys)
+  return {'none': b * (none + residual + mlp), 'save_dots': b * (dots + residual + mlp),
+          'full': b * residual}
+
+
+def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, b: float,
+                     tensor: int) -> float:
+  """Activation bytes per device at their peak, as the backward pass starts.
+
+  Every layer keeps `layer_bytes` of its remat policy until its backward pass, and the encoder
+  output is kept for the cross-attentions. On top, the larger transient: the float32 logits
+  over the vocab (split over `tensor`) with their gradient, or, under remat, the tensors of the
+  one layer being recomputed.
+  """
+  n, m = inputs_length, targets_length
+  if cfg.arch == 'encoder_decoder':
+    stacks = [(cfg.num_encoder_layers, layer_bytes(cfg, b, n, n, tensor)),
+              (cfg.num_decoder_layers, layer_bytes(cfg, b, m, m, tensor, cross_length=n))]
+    encoded, logits_length = b * n * cfg.d_model * jnp.dtype(cfg.dtype).itemsize, m
+  else:
+    length = n if cfg.arch == 'encoder' else n + m
+    count = cfg.num_encoder_layers if cfg.arch == 'encoder' else cfg.num_decoder_layers
+    stacks = [(count, layer_bytes(cfg, b, length, length, tensor))]
+    encoded, logits_length = 0, length
+  kept = sum(count * layer[cfg.remat_policy] for count, layer in stacks)
+  logits = 2 * b * logits_length * cfg.vocab_size * 4 / tensor
+  recomputed = 0 if cfg.remat_policy == 'none' else max(layer['none'] for _, layer in stacks)
+  return kept + encoded + max(logits, recomputed)
+
+
+def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh) -> dict[str, float]:
+  """Bytes per device by kind, and their total.
+
+  The state and the batch from their real shardings; gradients as the parameters (twice with
+  microbatches: the running sum and one microbatch's); activations by `activation_bytes` for
+  one microbatch's share of this device. Gradients and activations are counted together: a
+  scanned stack holds its stacked gradients and residuals through the whole backward loop.
+  """
+  params = per_device_bytes(spec.abstract.params)
+  data, microbatches = config.data, config.train.microbatches
+  rows = jax.tree.leaves(batch)[0].sharding.shard_shape((data.batch_size,))[0]
+  memory = {
+      'params': params,
+      'opt_state': per_device_bytes(spec.abstract) - params,  # optimizer state, step and rng
+      'batch': per_device_bytes(batch),
+      'gradients': params * (2 if microbatches > 1 else 1),
+      'activations': activation_bytes(model_cfg, data.inputs_length, data.targets_length,
+                                      rows / microbatches, mesh.shape['tensor']),
+  }
+  memory['total'] = sum(memory.values())
+  return memory
+
+
+def compile_train_step(config, model_cfg: ModelConfig, mesh, rules, spec, optimizer, schedule,
+                       batch):
+  """The train step exactly as `loop.train` jits it (shardings, donation), compiled for `mesh`
+  from abstract values: nothing is allocated, and the devices need not be attached."""
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    jitted = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
+    lowered = jitted.lower(spec.abstract, batch)
+  return lowered.compile(CPU_COMPILE_OPTIONS if mesh.devices.flat[0].platform == 'cpu' else None)
+
+
+def compiled_memory(compiled) -> dict[str, int]:
+  """XLA's bytes per device; the total counts donated arguments once and includes the code."""
+  stats = compiled.memory_analysis()
+  memory = {'arguments': stats.argument_size_in_bytes, 'outputs': stats.output_size_in_bytes,
+            'aliased': stats.alias_size_in_bytes, 'temp': stats.temp_size_in_bytes,
+            'code': stats.generated_code_size_in_bytes}
+  memory['total'] = (memory['arguments'] + memory['outputs'] - memory['aliased']
+                     + memory['temp'] + memory['code'])
+  return memory
+
+
+def peak_flops(topology: Topology, devices) -> float:
+  """Dense bf16 peak per device (flops.py's table), or this host's measured share on cpu."""
+  if topology.platform == 'cpu':
+    return flops_lib.peak_flops_per_device((devices or jax.devices('cpu'))[0])[0]
+  return flops_lib.peak_from_device_kind(topology.chip.device_kind)[0]
+
+
+def speed(model_cfg: ModelConfig, data_cfg, topology: Topology, devices, mfu: float) -> dict:
+  """Analytic FLOPs of a step (flops.py) and the step time and tokens/s they take at `mfu`."""
+  if not 0 < mfu <= 1:
+    raise ValueError(f'mfu={mfu} must be in (0, 1]')
+  flops = flops_lib.train_flops_per_step(model_cfg, data_cfg.inputs_length,
+                                         data_cfg.targets_length, batch_size=data_cfg.batch_size)
+  peak = peak_flops(topology, devices)
+  seconds = flops / (topology.num_devices * peak * mfu)
+  tokens = data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length)
+  return {'flops_per_step': flops, 'flops_per_device': flops / topology.num_devices,
+          'peak_flops_per_device': peak, 'mfu': mfu, 'step_seconds': seconds,
+          'tokens_per_second': tokens / seconds}
+
+
+def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
+         compile_step: bool = True) -> dict:
+  """Memory per device, FLOPs and expected speed of `config`'s train step on `topology`.
+
+  Compiles the real step where it can (see the module docstring) unless compile_step is False;
+  the analytic estimate is always included. Byte counts are per device; the step time is the
+  analytic FLOPs at `mfu` of the devices' dense bf16 peak. A topology, mesh or batch that cannot
+  work raises ValueError with one line, before anything compiles.
+  """
+  topo = parse_topology(topology)
+  model_cfg = config_lib.model_config(config)
+  devices = topology_devices(topo) if compile_step else None
+  mesh, rules = plan_mesh(config.mesh, topo, devices), mesh_lib.DEFAULT_RULES
+  mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules)
+  microbatches = config.train.microbatches
+  if microbatches < 1 or config.data.batch_size % microbatches:
+    raise ValueError(f'train.microbatches={microbatches} must divide data.batch_size='
+                     f'{config.data.batch_size}')
+  result = {'topology': topo.name, 'platform': topo.platform, 'num_devices': topo.num_devices,
+            'device_kind': topo.chip.device_kind if topo.chip else 'cpu',
+            'hbm_per_device': topo.chip.hbm_gib * GiB if topo.chip else None,
+            'mesh': dict(mesh.shape), 'remat_policy': model_cfg.remat_policy,
+            'scan_layers': model_cfg.scan_layers,
+            **speed(model_cfg, config.data, topo, devices, mfu)}
+  optimizer = optim.make_optimizer(config.optim, config.train.steps)
+  schedule = optim.make_schedule(config.optim, config.train.steps)
+  # Outside jax.set_mesh: building the state spec runs small eager ops, which compile-only
+  # devices cannot run.
+  spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
+  batch = abstract_batch(model_cfg, config.data, mesh_lib.batch_sharding(mesh, rules))
+  result['num_params'] = sum(x.size for x in jax.tree.leaves(spec.abstract.params))
+  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh)
+  result['compiled'] = result['xla_flops_per_device'] = None
+  if devices is not None:
+    compiled = compile_train_step(config, model_cfg, mesh, rules, spec, optimizer, schedule,
+                                  batch)
+    result['compiled'] = compiled_memory(compiled)
+    result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
+  result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
+  hbm = result['hbm_per_device']
+  result['fits'] = None if hbm is None else result['memory_per_device'] <= hbm
+  scan_without_remat = model_cfg.scan_layers and model_cfg.remat_policy == 'none'
+  result['notes'] = [SCAN_WITHOUT_REMAT] if scan_without_remat else []
+  return result
+
+
+def _gib(n) -> str:
+  return '-' if n is None else f'{n / GiB:.2f} GiB'
+
+
+def format_plan(result: dict) -> str:
+  """The plan as console lines: memory per device by kind, the fit, FLOPs and expected speed."""
+  mesh = ' '.join(f'{axis}={size}' for axis, size in result['mesh'].items())
+  how = 'compiled by XLA' if result['compiled'] else 'analytic estimate only'
+  lines = [f"{result['topology']}: {result['num_devices']} x {result['device_kind']}, mesh {mesh}, "
+           f"remat {result['remat_policy']}, {result['num_params'] / 1e6:,.0f}M parameters "
+           f"({how})",
+           'memory per device, analytic:']
+  lines += [f'  {kind:<12} {_gib(n)}' for kind, n in result['analytic'].items()]
+  if result['compiled']:
+    lines.append('memory per device, compiled (total: arguments + outputs - aliased + temp + '
+                 'code):')
+    lines += [f'  {kind:<12} {_gib(n)}' for kind, n in result['compiled'].items()]
+  if result['fits'] is not None:
+    used = result['memory_per_device'] / result['hbm_per_device']
+    lines.append(f"fits in {_gib(result['hbm_per_device'])} HBM: "
+                 f"{'yes' if result['fits'] else 'NO'} ({used:.0%})")
+  xla = result['xla_flops_per_device']
+  scanned = ' (a scanned layer stack counted once)' if result['scan_layers'] else ''
+  lines.append(f"FLOPs per step: {result['flops_per_step']:.3g} analytic "
+               f"({result['flops_per_device']:.3g} per device)"
+               + (f', XLA {xla:.3g} per device{scanned}' if xla else ''))
+  lines.append(f"at {result['mfu']:.0%} MFU of {result['peak_flops_per_device'] / 1e12:.4g} "
+               f"TFLOP/s per device: {result['step_seconds']:.3g} s per step, "
+               f"{result['tokens_per_second']:,.0f} tokens/s")
+  lines += [f'note: {note}' for note in result['notes']]
+  return '\n'.join(lines)
