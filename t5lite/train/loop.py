@@ -103,12 +103,8 @@ def setup(config: ml_collections.ConfigDict):
   """Everything a run needs before its first step, checked before anything compiles."""
   model_cfg = config_lib.model_config(config)
   mesh = mesh_lib.make_mesh(config.mesh)
-  mesh_lib.check_divisibility(model_cfg, config.data, mesh)
-  microbatches, shards = config.train.microbatches, mesh_lib.batch_shards(mesh)
-  if microbatches < 1 or config.data.batch_size % (microbatches * shards):
-    raise ValueError(f'train.microbatches={microbatches} must divide data.batch_size='
-                     f'{config.data.batch_size} into microbatches that split evenly over the '
-                     f'{shards} batch shards of the mesh')
+  mesh_lib.check_divisibility(model_cfg, config.data, mesh,
+                              microbatches=config.train.microbatches)
   optimizer = optim.make_optimizer(config.optim, config.train.steps)
   schedule = optim.make_schedule(config.optim, config.train.steps)
   rules = mesh_lib.DEFAULT_RULES

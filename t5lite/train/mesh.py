@@ -118,12 +118,13 @@ def batch_shards(mesh: Mesh, rules=DEFAULT_RULES) -> int:
   return math.prod(mesh.shape[a] for a in _mesh_axes('batch', dict(rules)))
 
 
-def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules=DEFAULT_RULES) -> None:
+def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules=DEFAULT_RULES,
+                       microbatches: int = 1) -> None:
   """Refuse, with one line, a batch or model that the mesh cannot split evenly.
 
-  Only the sizes whose split the rules make a hard requirement: the batch (every step) and the
-  attention heads and FFN width (tensor parallelism); anything else that does not divide is
-  replicated by `logical_to_mesh_spec`.
+  Only the sizes whose split the rules make a hard requirement: the batch (every step, and each
+  of its `microbatches`) and the attention heads and FFN width (tensor parallelism); anything
+  else that does not divide is replicated by `logical_to_mesh_spec`.
   """
   rules = dict(rules)
   for setting, size, logical in (('data.batch_size', data_cfg.batch_size, 'batch'),
@@ -135,3 +136,8 @@ def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules=DEFAULT_RULES) -> 
       where = '*'.join(f'mesh.{a}' for a in axes)
       raise ValueError(f'{setting}={size} is not divisible by {where}={split}; change '
                        f'{setting} or pick {where} dividing {size}')
+  shards = batch_shards(mesh, rules)
+  if microbatches < 1 or data_cfg.batch_size % (microbatches * shards):
+    raise ValueError(f'train.microbatches={microbatches} must divide data.batch_size='
+                     f'{data_cfg.batch_size} into microbatches that split evenly over the '
+                     f'{shards} batch shards of the mesh')

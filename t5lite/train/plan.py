@@ -296,11 +296,8 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
   model_cfg = config_lib.model_config(config)
   devices = topology_devices(topo) if compile_step else None
   mesh, rules = plan_mesh(config.mesh, topo, devices), mesh_lib.DEFAULT_RULES
-  mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules)
-  microbatches = config.train.microbatches
-  if microbatches < 1 or config.data.batch_size % microbatches:
-    raise ValueError(f'train.microbatches={microbatches} must divide data.batch_size='
-                     f'{config.data.batch_size}')
+  mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules,
+                              microbatches=config.train.microbatches)
   result = {'topology': topo.name, 'platform': topo.platform, 'num_devices': topo.num_devices,
             'device_kind': topo.chip.device_kind if topo.chip else 'cpu',
             'hbm_per_device': topo.chip.hbm_gib * GiB if topo.chip else None,
