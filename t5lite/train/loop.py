@@ -85,17 +85,13 @@ def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
 
 
 def evaluate(eval_step, params, batches, num_batches: int, sharding) -> dict:
-  """Held-out loss and accuracy over `num_batches`, summed before dividing."""
+  """Held-out loss and accuracy over `num_batches` (validation pipelines repeat), summed first."""
+  if num_batches < 1:
+    raise ValueError(f'evaluation needs at least one batch, got {num_batches}')
   totals = None
   for _ in range(num_batches):
-    try:
-      local = next(batches)
-    except StopIteration:
-      break
-    sums = eval_step(params, global_batch(local, sharding))
+    sums = eval_step(params, global_batch(next(batches), sharding))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  if totals is None:
-    raise ValueError('the validation split is empty; lower data.validation_fraction or add data')
   return {f'eval_{k}': float(v) for k, v in step_lib.summarize(jax.device_get(totals)).items()}
 
 

@@ -21,7 +21,7 @@ from t5lite.train import step as step_lib
 
 
 def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
-  """(step, spec, params) of checkpoint `step` (default: the latest) under `workdir`."""
+  """(step, spec, params, mesh, rules) of checkpoint `step` (default: the latest) in `workdir`."""
   model_cfg, mesh, rules, optimizer, _ = loop.setup(config)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
   step = checkpointer.latest_step() if step is None else step
