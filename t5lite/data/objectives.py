@@ -1,12 +1,22 @@
-"""Span corruption, T5's pretraining objective (Raffel et al. 2020, section 3.1.4), as tf.data ops.
+"""The family's pretraining objectives as tf.data transforms, peers in one module.
 
-Functions and arguments are named as in `t5.data.preprocessors`; the per-example ops work on
-tensors (eagerly or traced), `span_corruption` is a Dataset -> Dataset function. Randomness is
-stateless: each example carries its own `seed`, so an example is a function of (seed, tokens)
-wherever and whenever it is computed.
+Each objective is a Dataset -> Dataset function from raw chunks {'targets': tokens, 'seed':
+int64[2]} to the features its model family trains on; per-example ops work on tensors (eagerly
+or traced). Randomness is stateless: each example carries its own `seed`, so an example is a
+function of (seed, tokens) wherever and whenever it is computed. The pipeline seeds example i of
+the stream, so a chunk seen again in a later epoch is corrupted anew (dynamic masking).
 
-One example, 10 tokens, noise spans [C D] and [I J] (T5's masks start with non-noise and end
-with noise):
+- `span_corruption` (T5; Raffel et al. 2020, section 3.1.4), named as `t5.data.preprocessors`.
+- `mlm` (BERT, RoBERTa; the inputs of ELECTRA): 15% of tokens selected, 80/10/10.
+- `causal_lm` (GPT) and `prefix_lm` (T5's prefix LM for a decoder-only model).
+- `bart` (Lewis et al. 2020): sentence permutation, then text infilling with Poisson(3) spans.
+
+The vocabulary has no [MASK] piece: MLM and BART use `<extra_id_0>` (vocab_size - 1), so any
+T5 vocabulary serves. There is no [CLS]/[SEP]: next-sentence prediction is left out, as RoBERTa
+found it does not help.
+
+Span corruption of one example, 10 tokens, noise spans [C D] and [I J] (T5's masks start with
+non-noise and end with noise):
   targets (raw)  A B C D E F G H I J     noise_mask 0 0 1 1 0 0 0 0 1 1
   inputs  ->     A B <X0> E F G H <X1> EOS
   targets ->     <X0> C D <X1> I J EOS
@@ -15,7 +25,7 @@ where <X0> = <extra_id_0> = vocab_size - 1, <X1> = vocab_size - 2.
 
 import tensorflow as tf
 
-from t5lite.data.vocabulary import EOS_ID
+from t5lite.data.vocabulary import EOS_ID, PAD_ID, UNK_ID
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
@@ -92,6 +102,10 @@ def nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
   return noise_span_to_unique_sentinel(tokens, ~noise_mask, sentinel_id)
 
 
+def _map(dataset: tf.data.Dataset, fn) -> tf.data.Dataset:
+  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def span_corruption(dataset: tf.data.Dataset, sentinel_id: int, noise_density: float = 0.15,
                     mean_noise_span_length: float = 3.0) -> tf.data.Dataset:
   """{'targets': raw tokens, 'seed': int64[2]} -> {'inputs', 'targets'}, each ending in EOS.
@@ -112,4 +126,158 @@ def span_corruption(dataset: tf.data.Dataset, sentinel_id: int, noise_density: f
             [nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos], axis=0),
     }
 
-  return dataset.map(corrupt, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return _map(dataset, corrupt)
+
+
+def bert_mask(tokens, seed, mask_id: int, num_pieces: int, noise_density: float = 0.15,
+              mask_rate: float = 0.8, random_rate: float = 0.1):
+  """BERT's masking of one example: tokens (n,) -> (inputs, targets), both (n,).
+
+  round(noise_density * n) positions (at least one) are selected, as BERT's
+  create_pretraining_data does; each becomes `mask_id` with probability `mask_rate`, a random
+  piece of [UNK_ID + 1, num_pieces) (never pad, eos, unk or a sentinel) with probability
+  `random_rate`, else stays. Targets hold the original token where selected and 0 (padding,
+  no loss) elsewhere, so the original text is where(targets > 0, targets, inputs).
+    tokens  A B C D E F G H I J    selected C F I: C masked, F random, I kept
+    inputs  A B <M> D E R G H I J
+    targets 0 0 C 0 0 F 0 0 I 0
+  where <M> = mask_id (the pipeline's <extra_id_0>) and R a random piece.
+  """
+  select_seed, action_seed, random_seed = tf.unstack(
+      tf.random.experimental.stateless_split(seed, 3))
+  n = tf.size(tokens)
+  num_selected = tf.cast(tf.round(tf.cast(n, tf.float32) * noise_density), tf.int32)
+  num_selected = tf.clip_by_value(num_selected, tf.minimum(n, 1), n)
+  # a random rank for every position; the num_selected lowest are selected
+  rank = tf.math.invert_permutation(
+      tf.random.experimental.stateless_shuffle(tf.range(n), select_seed))
+  selected = rank < num_selected
+  action = tf.random.stateless_uniform([n], action_seed)
+  random_tokens = tf.random.stateless_uniform([n], random_seed, UNK_ID + 1, num_pieces,
+                                              dtype=tokens.dtype)
+  inputs = tf.where(selected & (action < mask_rate), tf.constant(mask_id, tokens.dtype), tokens)
+  inputs = tf.where(selected & (action >= mask_rate) & (action < mask_rate + random_rate),
+                    random_tokens, inputs)
+  return inputs, tf.where(selected, tokens, PAD_ID)
+
+
+def mlm(dataset: tf.data.Dataset, mask_id: int, num_pieces: int, noise_density: float = 0.15,
+        mask_rate: float = 0.8, random_rate: float = 0.1) -> tf.data.Dataset:
+  """BERT's masked LM: {'targets': raw tokens, 'seed'} -> {'inputs', 'targets'} by `bert_mask`.
+
+  Inputs and targets have the raw length; ELECTRA's generator reads the same.
+    {'targets': A B C D E, 'seed'}  ->  {'inputs': A <M> C D E, 'targets': 0 B 0 0 0}
+  """
+  def mask(example):
+    inputs, targets = bert_mask(example['targets'], example['seed'], mask_id, num_pieces,
+                                noise_density, mask_rate, random_rate)
+    return {'inputs': inputs, 'targets': targets}
+
+  return _map(dataset, mask)
+
+
+def causal_lm(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """GPT's language modelling: {'targets': raw tokens, 'seed'} -> {'targets'}, every token
+  predicted from those before it (the feature converter shifts the decoder inputs right):
+    targets (raw) A B C D  ->  decoder inputs 0 A B C, targets A B C D, loss on all four.
+  Chunks are cut from the concatenated text, so nothing ends: no EOS is appended.
+  """
+  return _map(dataset, lambda example: {'targets': example['targets']})
+
+
+def random_prefix_mask(length, seed):
+  """int32 (length,): 1 on a prefix of p tokens, p uniform in [1, length - 1] (T5's
+  random_prefix_noise_mask, inverted); the whole of a 1-token example. E.g. 5, p = 2 -> 1 1 0 0 0.
+  """
+  p = tf.random.stateless_uniform([], seed, 1, tf.maximum(length, 2), dtype=tf.int32)
+  return tf.cast(tf.range(length) < p, tf.int32)
+
+
+def prefix_lm(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """T5's prefix LM for a decoder-only model: {'targets', 'seed'} -> {'targets', 'prefix'}.
+
+  The `random_prefix_mask` prefix is read bidirectionally, without loss; the model predicts the
+  rest (see packing.prefix_lm_features).
+    targets (raw) A B C D E  ->  targets A B C D E, prefix 1 1 0 0 0
+  """
+  def split(example):
+    tokens = example['targets']
+    return {'targets': tokens, 'prefix': random_prefix_mask(tf.size(tokens), example['seed'])}
+
+  return _map(dataset, split)
+
+
+def sentence_permutation(tokens, sentence_end_ids, seed):
+  """BART's sentence permutation: the sentences of `tokens` in a random order.
+
+  A sentence ends after any of `sentence_end_ids` (the last may run to the end of the chunk).
+    tokens A B . C . D E  ->  sentences [A B .] [C .] [D E]  ->  e.g. C . D E A B .
+  """
+  ends = tf.constant(sentence_end_ids, tokens.dtype, shape=[len(sentence_end_ids)])
+  is_end = tf.reduce_any(tokens[:, None] == ends[None, :], axis=1)  # (n, ends) -> (n,)
+  is_end = tf.cast(is_end, tf.int32)
+  sentence = tf.cumsum(is_end, exclusive=True)  # (n,) sentence of each token
+  # (an end as the last token opens an empty last sentence: harmless anywhere)
+  order = tf.random.experimental.stateless_shuffle(tf.range(tf.reduce_sum(is_end) + 1), seed)
+  place = tf.math.invert_permutation(order)  # where each sentence goes
+  return tf.gather(tokens, tf.argsort(tf.gather(place, sentence), stable=True))
+
+
+def poisson_span_lengths(num_noise_tokens, mean_span_length: float, seed):
+  """Span lengths drawn from Poisson(mean_span_length) until they cover `num_noise_tokens`.
+
+  The last span is cut so that they sum to num_noise_tokens exactly (fairseq's BART), and there
+  are at most num_noise_tokens spans (so the infilled text is never longer than the original).
+  Spans of length 0 are kept: each inserts a mask. E.g. 8 tokens, draws 3 0 4 2 -> 3 0 4 1.
+  """
+  draws = tf.random.stateless_poisson([num_noise_tokens], seed, mean_span_length, dtype=tf.int32)
+  ends = tf.cumsum(draws)
+  num_spans = tf.minimum(tf.reduce_sum(tf.cast(ends < num_noise_tokens, tf.int32)) + 1,
+                         num_noise_tokens)
+  ends = tf.where(tf.range(num_spans) == num_spans - 1, num_noise_tokens, ends[:num_spans])
+  return ends - tf.pad(ends[:-1], [[1, 0]])
+
+
+def text_infilling(tokens, mask_id: int, noise_density: float, mean_span_length: float, seeds):
+  """BART's text infilling: round(noise_density * n) tokens in `poisson_span_lengths` spans,
+  each span (an empty one too) replaced by one `mask_id`; seeds [2, 2]: lengths, then places.
+
+  Spans and the kept tokens are interleaved in a uniformly random order.
+    tokens A B C D E F G H I J, spans of 3 and 0 tokens after A and after G
+    ->     A <M> E F G <M> H I J
+  """
+  n = tf.size(tokens)
+  num_noise_tokens = tf.cast(tf.round(tf.cast(n, tf.float32) * noise_density), tf.int32)
+  span_lengths = poisson_span_lengths(num_noise_tokens, mean_span_length, seeds[0])
+  num_spans = tf.size(span_lengths)
+  # The output's items: the kept tokens in order, with the spans at random places among them.
+  num_items = n - num_noise_tokens + num_spans
+  places = tf.sort(tf.random.experimental.stateless_shuffle(tf.range(num_items),
+                                                            seeds[1])[:num_spans])
+  is_span = tf.scatter_nd(places[:, None], tf.ones_like(places), [num_items]) > 0
+  width = tf.tensor_scatter_nd_update(tf.ones([num_items], tf.int32), places[:, None],
+                                      span_lengths)  # original tokens each item stands for
+  first = tf.minimum(tf.cumsum(width, exclusive=True), n - 1)  # its first original token
+  return tf.where(is_span, tf.constant(mask_id, tokens.dtype), tf.gather(tokens, first))
+
+
+def bart(dataset: tf.data.Dataset, mask_id: int, sentence_end_ids, noise_density: float = 0.3,
+         mean_span_length: float = 3.0) -> tf.data.Dataset:
+  """BART's denoising: {'targets': raw tokens, 'seed'} -> {'inputs', 'targets'}, each + EOS.
+
+  Inputs: the sentences permuted, then text infilling; targets: the original chunk, which the
+  decoder reconstructs. Inputs are never longer than targets.
+    targets (raw) A B . C D .  ->  permuted C D . A B .  ->  inputs C <M> A B . EOS
+                                                            targets A B . C D . EOS
+  """
+  def noise(example):
+    tokens = example['targets']
+    permute_seed, lengths_seed, places_seed = tf.unstack(
+        tf.random.experimental.stateless_split(example['seed'], 3))
+    inputs = text_infilling(sentence_permutation(tokens, sentence_end_ids, permute_seed),
+                            mask_id, noise_density, mean_span_length,
+                            tf.stack([lengths_seed, places_seed]))
+    eos = tf.constant([EOS_ID], tokens.dtype)
+    return {'inputs': tf.concat([inputs, eos], 0), 'targets': tf.concat([tokens, eos], 0)}
+
+  return _map(dataset, noise)

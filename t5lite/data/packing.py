@@ -1,9 +1,10 @@
-"""Packing examples into fixed-length rows, and the features the encoder-decoder model reads.
+"""Packing examples into fixed-length rows, and the features each model family reads.
 
 `pack` puts several short examples into one row, each a segment with its own id and positions
-(attention never crosses segments); `encoder_decoder_features` names them as seqio's
-EncDecFeatureConverter does. Span corruption with `random_spans_helper` lengths fills each row
-with one example; fine-tuning examples are short and pack several to a row.
+(attention never crosses segments); `pad_rows` gives an example that fills its row the same
+layout. The feature converters name the rows' features as seqio's do: `encoder_decoder_features`
+(EncDecFeatureConverter), `encoder_features` (EncoderFeatureConverter), `decoder_features`
+(DecoderFeatureConverter) and `prefix_lm_features` (PrefixLMFeatureConverter).
 """
 
 import numpy as np
@@ -113,19 +114,67 @@ def shift_right(targets, segment_ids):
   return tf.where(segment_ids == previous_segment, shifted, tf.zeros_like(shifted))
 
 
-def encoder_decoder_features(row: dict) -> dict:
-  """A packed row -> the int32 features of seqio's EncDecFeatureConverter (packed)."""
-  features = {
-      'encoder_input_tokens': row['inputs'],
-      'encoder_segment_ids': row['inputs_segment_ids'],
-      'encoder_positions': row['inputs_positions'],
+def _int32(features: dict) -> dict:
+  return {name: tf.cast(value, tf.int32) for name, value in features.items()}
+
+
+def decoder_features(row: dict) -> dict:
+  """A packed row of 'targets' -> seqio's DecoderFeatureConverter features, int32 (packed).
+
+  targets [4 1 5 1 0], segment ids [1 1 2 2 0] -> decoder_target_tokens [4 1 5 1 0],
+  decoder_input_tokens [0 4 0 5 0], decoder_loss_weights [1 1 1 1 0], segment ids, positions.
+  """
+  return _int32({
       'decoder_input_tokens': shift_right(row['targets'], row['targets_segment_ids']),
       'decoder_target_tokens': row['targets'],
       'decoder_segment_ids': row['targets_segment_ids'],
       'decoder_positions': row['targets_positions'],
-      'decoder_loss_weights': tf.cast(row['targets'] != PAD_ID, tf.int32),
-  }
-  return {name: tf.cast(value, tf.int32) for name, value in features.items()}
+      'decoder_loss_weights': row['targets'] != PAD_ID,
+  })
+
+
+def encoder_decoder_features(row: dict) -> dict:
+  """A packed row -> the int32 features of seqio's EncDecFeatureConverter (packed)."""
+  return _int32({
+      'encoder_input_tokens': row['inputs'],
+      'encoder_segment_ids': row['inputs_segment_ids'],
+      'encoder_positions': row['inputs_positions'],
+      **decoder_features(row),
+  })
+
+
+def encoder_features(row: dict) -> dict:
+  """A packed row of 'inputs' and 'targets' -> seqio's EncoderFeatureConverter features, int32.
+
+  Loss where targets are not padding: MLM's targets are 0 except at the selected tokens.
+  inputs [7 <M> 9], targets [0 8 0] -> encoder_input_tokens [7 <M> 9],
+  encoder_target_tokens [0 8 0], encoder_loss_weights [0 1 0], segment ids, positions.
+  """
+  return _int32({
+      'encoder_input_tokens': row['inputs'],
+      'encoder_target_tokens': row['targets'],
+      'encoder_segment_ids': row['inputs_segment_ids'],
+      'encoder_positions': row['inputs_positions'],
+      'encoder_loss_weights': row['targets'] != PAD_ID,
+  })
+
+
+def prefix_lm_features(row: dict) -> dict:
+  """A packed row of 'targets' and 'prefix' -> seqio's PrefixLMFeatureConverter features.
+
+  No loss on the prefix; `decoder_causal_attention` is 1 over the prefix and one position more
+  (the decoder input there is the prefix's last token), where attention is bidirectional.
+  targets [7 8 5 3 9 0], prefix [1 1 1 0 0 0] ->
+    decoder_input_tokens     [0 7 8 5 3 0]
+    decoder_loss_weights     [0 0 0 1 1 0]
+    decoder_causal_attention [1 1 1 1 0 0]
+  """
+  features = decoder_features(row)
+  prefix = row['prefix'] > 0
+  shifted = shift_right(row['prefix'], row['targets_segment_ids']) > 0
+  features['decoder_loss_weights'] *= tf.cast(~prefix, tf.int32)
+  features['decoder_causal_attention'] = tf.cast(prefix | shifted, tf.int32)
+  return features
 
 
 def packing_efficiency(batches) -> dict[str, float]:

@@ -6,19 +6,24 @@
 
 In-memory sources ('bundled', files) are addressed by index. The split's documents are
 tokenized once, concatenated without EOS between them (T5's `reduce_concat_tokens`) and cut
-into N chunks of `random_spans_helper`'s raw length, the cuts shifted by a random offset each
-epoch. Global example i is chunk index_shuffle(i mod N) of epoch i // N, its noise seeded by
-(seed, i); global batch k is examples [kB, (k+1)B), and process p computes only its slice
-[kB + pb, kB + (p+1)b). So batch k is a function of (seed, k, data); the processes' batches
-together are the one-process batch; resuming at batch k replays nothing: state {'batch': k}.
+into N chunks of the objective's raw length, the cuts shifted by a random offset each epoch.
+Global example i is chunk index_shuffle(i mod N) of epoch i // N, its noise seeded by (seed, i)
+(so a chunk seen again in a later epoch is masked anew); global batch k is examples
+[kB, (k+1)B), and process p computes only its slice [kB + pb, kB + (p+1)b). So batch k is a
+function of (seed, k, data); the processes' batches together are the one-process batch;
+resuming at batch k replays nothing: state {'batch': k}.
 
 'tfds:' sources are streamed: each process reads its contiguous share of the records in file
 order, in blocks of 128 documents that are concatenated (T5's `reduce_concat_tokens`), split
-into chunks (a block's last chunk is shorter), corrupted and packed, block by block. The state
+into chunks (a block's last chunk is shorter), noised and packed, block by block. The state
 is a record offset, {'batch', 'block', 'row', 'process_index', 'process_count'}: a resumed
 pipeline reads from that block's first record and skips `row` rows (at most one block of
 replay). The trade-off: batches depend on the process count, documents are not shuffled beyond
 the dataset's own order, and positions are per process (`start` accepts the list of them).
+
+`data.objective` picks a row of OBJECTIVES: the raw length of a chunk, the objective's
+transform (t5lite/data/objectives.py) and the feature converter of its model family; both
+paths use the same row.
 
 TensorFlow never sees an accelerator (see `t5lite/data/__init__.py`); tf.data runs on
 `data.threads` threads per process.
@@ -29,6 +34,7 @@ import functools
 import itertools
 import os
 import weakref
+from typing import Callable, NamedTuple
 
 import ml_collections
 import numpy as np
@@ -41,7 +47,7 @@ from t5lite.data import vocabulary
 
 DOCS_PER_BLOCK = 128  # T5's reduce_concat_tokens batch: documents concatenated before splitting
 _ENDLESS = 1 << 62
-_PACK_WINDOW = 256  # examples packed together; span corruption leaves one short one per block
+_PACK_WINDOW = 256  # examples packed together; a block leaves one short chunk to pack
 _POSITION_FEATURES = ('block', 'row')
 
 
@@ -97,23 +103,24 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
     import jax  # only to ask who we are; the pipeline itself never touches JAX
     process_index, process_count = jax.process_index(), jax.process_count()
   per_process = _per_process_batch(data.batch_size, process_index, process_count)
-  raw_length = _raw_length(data)
+  objective = _objective(data)
+  raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   streamed = data.source.startswith(sources.TFDS_PREFIX)
   position = _start_position(start, process_index, process_count, streamed)
   if streamed:
-    rows = _streamed_rows(data, split, vocab, raw_length, position)
-    batches = rows.batch(per_process, drop_remainder=True)
+    rows = _streamed_rows(data, split, vocab, objective, raw_length, position)
   else:
     tokens = _split_tokens(data.source, data.text_key, data.vocabulary, split,
                            data.validation_fraction)
     examples = _indexed_examples(tokens, raw_length, data, per_process, process_index,
                                  position['batch'])
-    examples = objectives.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
-                                          data.mean_noise_span_length)
-    batches = examples.batch(per_process, drop_remainder=True).map(  # each example fills a row
-        functools.partial(packing.pad_rows, lengths=_lengths(data)))
-  return Pipeline(_model_features(batches, data.get('threads', 0)), position)
+    examples = objective.transform(examples, data, vocab)
+    rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
+        functools.partial(packing.pad_rows, lengths=objective.lengths(data)),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  batches = rows.batch(per_process, drop_remainder=True)
+  return Pipeline(_model_features(batches, objective.features, data.get('threads', 0)), position)
 
 
 def _per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
@@ -125,10 +132,16 @@ def _per_process_batch(batch_size: int, process_index: int, process_count: int) 
   return batch_size // process_count
 
 
-def _raw_length(data: ml_collections.ConfigDict) -> int:
-  """Raw tokens per example; checks that the lengths can hold a span-corrupted example."""
-  if data.objective != 'span_corruption':
-    raise ValueError(f'data.objective={data.objective!r}: only span_corruption is implemented')
+class Objective(NamedTuple):
+  """How one `data.objective` turns text into the features its model family reads."""
+  raw_length: Callable  # data -> raw tokens per chunk; ValueError if the lengths cannot work
+  lengths: Callable  # data -> {feature: length} of the packed rows
+  transform: Callable  # (examples, data, vocab) -> examples: the objective, from objectives.py
+  features: Callable  # packed row -> model features: a seqio feature converter (packing.py)
+
+
+def _span_corruption_raw_length(data: ml_collections.ConfigDict) -> int:
+  """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
   raw_length, targets_length = objectives.random_spans_helper(
       data.inputs_length, data.noise_density, data.mean_noise_span_length)
   if data.targets_length < targets_length:
@@ -137,8 +150,86 @@ def _raw_length(data: ml_collections.ConfigDict) -> int:
   return raw_length
 
 
-def _lengths(data: ml_collections.ConfigDict) -> dict[str, int]:
-  return {'inputs': data.inputs_length, 'targets': data.targets_length}
+def _mlm_raw_length(data: ml_collections.ConfigDict) -> int:
+  """A chunk of inputs_length tokens, masked in place; the targets have the same length."""
+  _check_unused_length(data, 'targets_length')
+  return _at_least(data, 'inputs_length', 1)
+
+
+def _causal_lm_raw_length(data: ml_collections.ConfigDict) -> int:
+  """A chunk of targets_length tokens: the decoder's whole row."""
+  _check_unused_length(data, 'inputs_length')
+  return _at_least(data, 'targets_length', 1)
+
+
+def _prefix_lm_raw_length(data: ml_collections.ConfigDict) -> int:
+  """A chunk of inputs_length + targets_length tokens, the decoder's row (as seqio's PrefixLM)."""
+  if data.inputs_length < 0 or data.targets_length < 0 or (
+      data.inputs_length + data.targets_length < 2):
+    raise ValueError(f'data.inputs_length={data.inputs_length} + data.targets_length='
+                     f'{data.targets_length}: prefix_lm needs a row of at least 2 tokens')
+  return data.inputs_length + data.targets_length
+
+
+def _bart_raw_length(data: ml_collections.ConfigDict) -> int:
+  """targets_length - 1 tokens (the original + EOS); the noised inputs are never longer."""
+  targets_length = _at_least(data, 'targets_length', 2)
+  if data.inputs_length < targets_length:
+    raise ValueError(f'data.inputs_length={data.inputs_length} is shorter than data.'
+                     f'targets_length={targets_length}: bart inputs can be as long as the targets')
+  return targets_length - 1
+
+
+def _check_unused_length(data: ml_collections.ConfigDict, name: str) -> None:
+  if data[name]:
+    raise ValueError(f'data.{name}={data[name]}: the {data.objective} objective has no such '
+                     f'feature; set data.{name}=0')
+
+
+def _at_least(data: ml_collections.ConfigDict, name: str, minimum: int) -> int:
+  if data[name] < minimum:
+    raise ValueError(f'data.{name}={data[name]} must be at least {minimum} for '
+                     f'{data.objective}')
+  return data[name]
+
+
+OBJECTIVES = {
+    'span_corruption': Objective(
+        _span_corruption_raw_length,
+        lambda data: {'inputs': data.inputs_length, 'targets': data.targets_length},
+        lambda examples, data, vocab: objectives.span_corruption(
+            examples, vocab.sentinel_id(0), data.noise_density, data.mean_noise_span_length),
+        packing.encoder_decoder_features),
+    'mlm': Objective(
+        _mlm_raw_length,
+        lambda data: {'inputs': data.inputs_length, 'targets': data.inputs_length},
+        lambda examples, data, vocab: objectives.mlm(
+            examples, vocab.sentinel_id(0), vocab.num_pieces, data.noise_density),
+        packing.encoder_features),
+    'causal_lm': Objective(
+        _causal_lm_raw_length,
+        lambda data: {'targets': data.targets_length},
+        lambda examples, data, vocab: objectives.causal_lm(examples),
+        packing.decoder_features),
+    'prefix_lm': Objective(
+        _prefix_lm_raw_length,
+        lambda data: dict.fromkeys(('targets', 'prefix'), data.inputs_length + data.targets_length),
+        lambda examples, data, vocab: objectives.prefix_lm(examples),
+        packing.prefix_lm_features),
+    'bart': Objective(
+        _bart_raw_length,
+        lambda data: {'inputs': data.inputs_length, 'targets': data.targets_length},
+        lambda examples, data, vocab: objectives.bart(
+            examples, vocab.sentinel_id(0), vocab.sentence_end_ids(), data.noise_density,
+            data.mean_noise_span_length),
+        packing.encoder_decoder_features),
+}
+
+
+def _objective(data: ml_collections.ConfigDict) -> Objective:
+  if data.objective not in OBJECTIVES:
+    raise ValueError(f'data.objective={data.objective!r} is not one of {", ".join(OBJECTIVES)}')
+  return OBJECTIVES[data.objective]
 
 
 def _start_position(start, process_index: int, process_count: int, streamed: bool) -> dict:
@@ -209,7 +300,8 @@ def _indexed_examples(tokens: np.ndarray, raw_length: int, data, per_process: in
       example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _streamed_rows(data, split: str, vocab, raw_length: int, position: dict) -> tf.data.Dataset:
+def _streamed_rows(data, split: str, vocab, objective: Objective, raw_length: int,
+                   position: dict) -> tf.data.Dataset:
   """Packed rows of this process's share of a TFDS split, from `position` on, with their place.
 
   Each row carries ('block', 'row'): the block of DOCS_PER_BLOCK records it came from (counted
@@ -247,7 +339,7 @@ def _streamed_rows(data, split: str, vocab, raw_length: int, position: dict) -> 
 
   blocks = blocks.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   blocks = _fail_on_endless_empty_blocks(blocks, blocks_per_epoch, data.source)
-  block_rows = functools.partial(_block_rows, data=data, sentinel_id=vocab.sentinel_id(0),
+  block_rows = functools.partial(_block_rows, data=data, vocab=vocab, objective=objective,
                                  raw_length=raw_length)
   return blocks.flat_map(block_rows).skip(position['row'])
 
@@ -272,8 +364,9 @@ def _fail_on_endless_empty_blocks(blocks, blocks_per_epoch: int, source: str):
   return blocks.scan(tf.constant(0, tf.int64), count)
 
 
-def _block_rows(u, tokens, data, sentinel_id: int, raw_length: int) -> tf.data.Dataset:
-  """One block's tokens -> raw chunks (the last shorter) -> span corruption -> packed rows."""
+def _block_rows(u, tokens, data, vocab, objective: Objective,
+                raw_length: int) -> tf.data.Dataset:
+  """One block's tokens -> raw chunks (the last shorter) -> the objective -> packed rows."""
   num_chunks = (tf.size(tokens, tf.int64) + raw_length - 1) // raw_length
   block_key = tf.random.experimental.stateless_fold_in(tf.constant([data.seed, 0], tf.int64), u)
 
@@ -283,16 +376,16 @@ def _block_rows(u, tokens, data, sentinel_id: int, raw_length: int) -> tf.data.D
             'seed': tf.random.experimental.stateless_fold_in(block_key, c)}
 
   examples = tf.data.Dataset.range(num_chunks).map(chunk)
-  examples = objectives.span_corruption(examples, sentinel_id, data.noise_density,
-                                        data.mean_noise_span_length)
-  rows = packing.pack(examples, _lengths(data), window=_PACK_WINDOW)
+  examples = objective.transform(examples, data, vocab)
+  rows = packing.pack(examples, objective.lengths(data), window=_PACK_WINDOW)
   return rows.enumerate().map(lambda r, row: {**row, 'block': u, 'row': r})
 
 
-def _model_features(batches: tf.data.Dataset, threads: int) -> tf.data.Dataset:
+def _model_features(batches: tf.data.Dataset, converter: Callable,
+                    threads: int) -> tf.data.Dataset:
   """Packed batches -> the model's features, prefetched, on a bounded thread pool."""
   def features(batch):
-    out = packing.encoder_decoder_features(batch)
+    out = converter(batch)
     out.update({k: batch[k] for k in _POSITION_FEATURES if k in batch})
     return out
 
@@ -321,7 +414,8 @@ def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path:
 
 
 def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
-  """The first `k` training examples as text, sentinels visible, as the model sees them."""
+  """The first `k` training examples as text, masks and sentinels visible, as the model sees
+  them."""
   data = _data_section(config)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   batches = make_pipeline(data, 'train', process_index=0, process_count=1)
@@ -332,9 +426,20 @@ def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
 
 
 def _examples(batches):
-  """(inputs, targets) tokens of each example of packed batches, in order."""
+  """(inputs, targets) tokens of each example of packed batches, in order.
+
+  Targets are the tokens with loss (MLM: the selected ones); inputs are what the model reads
+  besides: the encoder's tokens, or a decoder-only model's prefix (none for a causal LM).
+  """
   for batch in batches:
-    for row in range(len(batch['encoder_input_tokens'])):
-      for segment in range(1, batch['encoder_segment_ids'][row].max() + 1):
-        yield (batch['encoder_input_tokens'][row][batch['encoder_segment_ids'][row] == segment],
-               batch['decoder_target_tokens'][row][batch['decoder_segment_ids'][row] == segment])
+    side = 'encoder' if 'encoder_target_tokens' in batch else 'decoder'
+    targets, weights = batch[f'{side}_target_tokens'], batch[f'{side}_loss_weights']
+    segments = batch[f'{side}_segment_ids']
+    if 'encoder_input_tokens' in batch:
+      inputs, input_segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
+    else:
+      inputs, input_segments = targets, np.where(weights == 0, segments, 0)
+    for row in range(len(targets)):
+      for segment in range(1, segments[row].max() + 1):
+        yield (inputs[row][input_segments[row] == segment],
+               targets[row][(segments[row] == segment) & (weights[row] > 0)])

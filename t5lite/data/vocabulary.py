@@ -27,6 +27,7 @@ from t5lite.data import sources
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_SENTINELS = 100
+SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'
 
 _SENTINEL = re.compile(r'<extra_id_(\d+)>')
@@ -51,6 +52,11 @@ class Vocabulary:
     if not 0 <= n < NUM_SENTINELS:
       raise ValueError(f'<extra_id_{n}>: T5 has sentinels 0..{NUM_SENTINELS - 1}')
     return self.vocab_size - 1 - n
+
+  def sentence_end_ids(self) -> list[int]:
+    """Ids of the pieces '.', '!' and '?' that the vocabulary has: where BART splits sentences."""
+    ids = [self._sp.piece_to_id(piece) for piece in SENTENCE_ENDS]
+    return [i for i in ids if i != UNK_ID]
 
   def encode(self, text: str) -> list[int]:
     """Ids of `text`, no EOS; `<extra_id_N>` in the text becomes sentinel N, as in T5 prompts.

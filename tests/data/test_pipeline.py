@@ -102,7 +102,7 @@ def test_validation_batches_come_from_the_held_out_documents(small_data):
 @pytest.mark.parametrize('change, message', [
     (dict(batch_size=7), 'multiple of the 2 processes'),
     (dict(targets_length=10), 'needs 14'),
-    (dict(objective='mlm'), 'only span_corruption'),
+    (dict(objective='ul2'), "data.objective='ul2' is not one of span_corruption, mlm"),
     (dict(vocabulary='/nonexistent.model'), 'no such file'),
     (dict(validation_fraction=0.0), 'validation split of .* is empty'),
 ])

@@ -22,6 +22,27 @@ PUBLISHED = {
     't5_1_1_xxl': 11.1e9,
 }
 
+# The family's presets: (published size, exact count). The exact counts are Hugging Face's
+# (transformers 5.23, built on the meta device) less what t5lite leaves out: BERT and RoBERTa
+# without pooler, token-type embeddings and embedding LayerNorm (RoBERTa also without its 2
+# offset position rows), BART without its 2 embedding LayerNorms and 2 offset position rows per
+# stack; GPT-2 is all there. Vaswani's by hand: 6*3,152,384 + 6*4,204,032 in the layers. Plus
+# the embedding rows that pad each vocabulary to a multiple of 128.
+FAMILY = {
+    'bert_base': (110e6, 109_482_240 - 590_592 - 1_536 - 1_536 + (30592 - 30522) * 768),
+    'roberta_base': (125e6, 124_645_632 - 590_592 - 768 - 1_536 - 2 * 768 + (50304 - 50265) * 768),
+    'gpt2_small': (124e6, 124_439_808 + (50304 - 50257) * 768),
+    'transformer_base': (65e6, 37_120 * 512 + 6 * 3_152_384 + 6 * 4_204_032),
+    'bart_base': (140e6, 139_420_416 - 2 * 1_536 - 2 * 2 * 768 + (50304 - 50265) * 768),
+    # ELECTRA-small by hand, BERT layers of 4 * d * inner + 2 * d * ff weights, their biases
+    # (3 * inner + d + ff + d) and two LayerNorms (4 * d): 12 discriminator layers (inner 256,
+    # ff 1024), 12 generator layers (inner 64, ff 256), the 8192-id embedding and 512 positions
+    # (shared), the discriminator head (d*d + d, then d + 1). The paper's 14M has 30,522 ids.
+    'electra_small': (14e6, 12 * (4 * 256 * 256 + 2 * 256 * 1024 + 5 * 256 + 1024 + 1024)
+                      + 12 * (4 * 256 * 64 + 2 * 256 * 256 + 3 * 64 + 2 * 256 + 256 + 1024)
+                      + (8192 + 512) * 256 + 256 * 256 + 256 + 256 + 1),
+}
+
 
 def preset(name: str) -> ModelConfig:
   """The ModelConfig of configs/NAME.py, imported from its path (no config flags)."""
@@ -52,7 +73,8 @@ def t5_formula(cfg: ModelConfig) -> int:
 def test_every_preset_is_covered():
   names = {path.stem for path in CONFIGS.glob('*.py')}
   assert set(PUBLISHED) <= names
-  assert names - set(PUBLISHED) <= {'t5_tiny'}, 'add the new preset to PUBLISHED'
+  assert names - set(PUBLISHED) - set(FAMILY) <= {'t5_tiny', 't5_tiny_distill'}, (
+      'add the new preset to PUBLISHED')
 
 
 @pytest.mark.parametrize('name', sorted(PUBLISHED))
@@ -62,6 +84,14 @@ def test_preset_parameter_count(name):
   print(f'{name}: {count:,} parameters (published {PUBLISHED[name]:,.0f})')
   assert count == t5_formula(cfg)
   assert abs(count / PUBLISHED[name] - 1) < 0.01
+
+
+@pytest.mark.parametrize('name', sorted(FAMILY))
+def test_family_preset_parameter_count(name):
+  published, exact = FAMILY[name]
+  count = count_params(preset(name))
+  assert count == exact
+  assert abs(count / published - 1) < 0.03
 
 
 def test_t5_tiny_builds():

@@ -155,6 +155,24 @@ def test_decoder_is_causal(arch):
   assert not np.allclose(before[:, 4:], after[:, 4:])
 
 
+def test_prefix_lm_attends_bidirectionally_over_its_prefix():
+  """seqio's decoder_causal_attention, 1 on the first 4 positions: those see each other whatever
+  the order; later positions stay causal; all 0 is the causal model."""
+  model = build(tiny(arch='decoder'), nnx.Rngs(3))
+  batch = random_batch(3)
+  prefix = dict(batch, decoder_causal_attention=jnp.asarray([[1] * 4 + [0] * 4] * 2, jnp.int32))
+  tokens = batch['decoder_input_tokens']
+  before = model(prefix)
+  in_prefix = model(dict(prefix, decoder_input_tokens=tokens.at[:, 3].set(1)))
+  assert not np.allclose(before[:, :3], in_prefix[:, :3], atol=1e-3)  # seen from before it
+  after_prefix = model(dict(prefix, decoder_input_tokens=tokens.at[:, 5].set(1)))
+  np.testing.assert_allclose(before[:, :5], after_prefix[:, :5], atol=1e-6)
+  causal = dict(batch, decoder_causal_attention=jnp.zeros_like(tokens))
+  np.testing.assert_allclose(model(causal), model(batch), atol=1e-6)
+  mask = attention_mask(3, causal=True, prefix=jnp.asarray([[1, 1, 0]]))
+  assert mask[0, 0].tolist() == [[True, True, False], [True, True, False], [True, True, True]]
+
+
 def test_encode_decode_compose_to_call():
   model = build(tiny(), nnx.Rngs(0))
   batch = random_batch(0)

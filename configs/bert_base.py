@@ -1,0 +1,35 @@
+"""BERT base (Devlin et al. 2019): encoder-only, post-LN, GELU, learned positions; masked LM.
+
+108.9M parameters (published: 110M) with BERT's vocabulary size, 30,522, padded to 30,592 (a
+multiple of 128, as T5 pads); the data still comes through `data.vocabulary` (the bundled 8,100-id
+one uses only the first rows; train a matching one with `t5lite tokenizer`). 15% of tokens selected,
+80% <extra_id_0> as [MASK] / 10% random / 10% kept, a new mask every epoch. Left out: next-sentence
+prediction (and with it [CLS], [SEP] and token-type embeddings), the embedding LayerNorm and the MLM
+head's transform layer.
+
+  t5lite train --config=configs/bert_base.py --workdir=runs/bert_base
+"""
+
+from t5lite import config as t5config
+
+
+def get_config():
+  config = t5config.base_config()
+  config.model.update(
+      t5config.BERT,
+      arch='encoder',
+      vocab_size=30592,
+      d_model=768,
+      d_ff=3072,
+      num_heads=12,
+      d_kv=64,
+      num_encoder_layers=12,
+      num_decoder_layers=0,
+      max_length=512)
+  config.data.update(objective='mlm', inputs_length=512, targets_length=0, batch_size=256,
+                     noise_density=0.15)
+  config.train.update(steps=1_000_000)
+  # Adam, lr 1e-4, 10k warmup steps, weight decay 0.01 (the paper decays linearly, not cosine)
+  config.optim.update(name='adamw', schedule='cosine', learning_rate=1e-4, warmup_steps=10_000,
+                      weight_decay=0.01)
+  return config

@@ -1,0 +1,36 @@
+"""RoBERTa base (Liu et al. 2019): BERT base trained longer on bigger batches; masked LM.
+
+124.1M parameters (published: 125M) with RoBERTa's BPE vocabulary size, 50,265, padded to 50,304 (a
+multiple of 128); the data still comes through `data.vocabulary`. The BERT model and objective with
+what RoBERTa changed: dynamic masking (a new mask every epoch), full sentences packed across
+document boundaries (chunks of the concatenated documents), no next-sentence prediction, 8k-sequence
+batches.
+
+  t5lite train --config=configs/roberta_base.py --workdir=runs/roberta_base
+"""
+
+from t5lite import config as t5config
+
+
+def get_config():
+  config = t5config.base_config()
+  config.model.update(
+      t5config.BERT,
+      arch='encoder',
+      vocab_size=50304,
+      d_model=768,
+      d_ff=3072,
+      num_heads=12,
+      d_kv=64,
+      num_encoder_layers=12,
+      num_decoder_layers=0,
+      norm_eps=1e-5,
+      max_length=512)
+  config.data.update(objective='mlm', inputs_length=512, targets_length=0, batch_size=8192,
+                     noise_density=0.15)
+  config.train.update(steps=500_000)
+  # Adam, peak lr 6e-4 after 24k warmup steps, weight decay 0.01 (the paper: beta2 0.98, linear
+  # decay; here optax's adamw with beta2 0.999 and cosine decay)
+  config.optim.update(name='adamw', schedule='cosine', learning_rate=6e-4, warmup_steps=24_000,
+                      weight_decay=0.01)
+  return config
