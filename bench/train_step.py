@@ -48,6 +48,7 @@ sys.path.insert(0, ROOT)
 from t5lite import config as config_lib  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
+from t5lite.train import objectives  # noqa: E402
 from t5lite.train import optim  # noqa: E402
 from t5lite.train import state as state_lib  # noqa: E402
 from t5lite.train import step as step_lib  # noqa: E402
@@ -117,18 +118,18 @@ def t5lite_step(config, batch: dict):
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-    train_step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer,
-                                         schedule)
+    train_step = step_lib.jit_train_step(spec, mesh, objectives.lm(model_cfg, config.train),
+                                         config.train, optimizer, schedule)
     state = spec.init()
     device_batch = {k: jax.device_put(v, batch_sharding) for k, v in batch.items()}
     start = time.perf_counter()
-    compiled = train_step.lower(state, device_batch).compile()
+    compiled = train_step.lower(state, device_batch, None).compile()
     compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
   holder = {'state': state}
 
   def step() -> float:
-    holder['state'], metrics = compiled(holder['state'], device_batch)
+    holder['state'], metrics = compiled(holder['state'], device_batch, None)
     return float(metrics['loss'])  # waits for the step
 
   xla_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes

@@ -15,15 +15,20 @@ from t5lite.models.config import ModelConfig
 from t5lite.models.layers import Dense, constrain
 from t5lite.models.positions import apply_rope
 
+HEADS = ('batch', 'length', 'heads', 'kv')  # logical axes of per-head activations
+
 
 def attention_mask(query_length: int, key_valid: jax.Array | None = None, *,
                    query_segment_ids: jax.Array | None = None,
-                   key_segment_ids: jax.Array | None = None, causal: bool = False) -> jax.Array:
+                   key_segment_ids: jax.Array | None = None, causal: bool = False,
+                   prefix: jax.Array | None = None) -> jax.Array:
   """A (b or 1, 1, q, k) boolean mask: True where a query may attend to a key.
 
   key_valid (b, k) hides padding; segment ids (b, q) and (b, k) keep packed examples apart;
   causal hides later keys. E.g. query segments [1, 1, 2] and key segments [1, 1, 2, 0] with
-  key_valid [1, 1, 1, 0]: row 0 is [T, T, F, F] and row 2 is [F, F, T, F].
+  key_valid [1, 1, 1, 0]: row 0 is [T, T, F, F] and row 2 is [F, F, T, F]. A prefix LM's
+  `prefix` (b, q) (seqio's decoder_causal_attention) lets its positions see each other
+  whatever the order: prefix [1, 1, 0] makes causal row 0 [T, T, F].
   """
   mask = jnp.ones((1, 1, query_length, 1), bool)
   if key_valid is not None:
@@ -32,7 +37,11 @@ def attention_mask(query_length: int, key_valid: jax.Array | None = None, *,
     same = query_segment_ids[:, :, None] == key_segment_ids[:, None, :]  # (b, q, k)
     mask = mask & same[:, None]  # (b, q, k) -> (b, 1, q, k)
   if causal:
-    mask = mask & jnp.tril(jnp.ones((query_length, query_length), bool))  # (q, k=q)
+    visible = jnp.tril(jnp.ones((query_length, query_length), bool))  # (q, k=q)
+    if prefix is not None:
+      prefix = prefix.astype(bool)
+      visible = visible | (prefix[:, :, None] & prefix[:, None, :])[:, None]  # (b, 1, q, k)
+    mask = mask & visible
   return mask
 
 
@@ -62,7 +71,12 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
 
 
 class Attention(nnx.Module):
-  """Projections to heads, attention, projection back; self- or cross-attention by the caller."""
+  """Projections to heads, attention, projection back; self- or cross-attention by the caller.
+
+  In two halves, `keys_values(memory)` then `attend(x, key, value)`, so that decoding can cache
+  keys and values: a decoder's self-attention ones one step at a time, cross-attention's once
+  from the encoder output.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, h, kv = cfg.d_model, cfg.num_heads, cfg.d_kv
@@ -77,15 +91,22 @@ class Attention(nnx.Module):
                    rngs=rngs)
     self.implementation = cfg.attention
 
-  def __call__(self, x: jax.Array, memory: jax.Array, *, mask: jax.Array,
-               bias: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
-    """x (b, q, d) attends to memory (b, k, d); positions (b, l) rotate q and k (RoPE)."""
-    heads = ('batch', 'length', 'heads', 'kv')
-    query = constrain(self.q(x), heads)  # (b, q, d) -> (b, q, h, kv)
-    key = constrain(self.k(memory), heads)  # (b, k, d) -> (b, k, h, kv)
-    value = constrain(self.v(memory), heads)
+  def keys_values(self, memory: jax.Array, positions: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
+    """memory (b, k, d) -> keys and values (b, k, h, kv), keys rotated by positions (RoPE)."""
+    key = constrain(self.k(memory), HEADS)  # (b, k, d) -> (b, k, h, kv)
+    value = constrain(self.v(memory), HEADS)
     if positions is not None:
-      query, key = apply_rope(query, positions), apply_rope(key, positions)
+      key = apply_rope(key, positions)
+    return key, value
+
+  def attend(self, x: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array,
+             bias: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
+    """x (b, q, d) attends to keys and values (b, k, h, kv) -> (b, q, d); positions (b, q)
+    rotate the queries (RoPE) as they rotated the keys."""
+    query = constrain(self.q(x), HEADS)  # (b, q, d) -> (b, q, h, kv)
+    if positions is not None:
+      query = apply_rope(query, positions)
     out = dot_product_attention(query, key, value, mask=mask, bias=bias,
                                 implementation=self.implementation)
-    return self.o(constrain(out, heads))  # (b, q, h, kv) -> (b, q, d)
+    return self.o(constrain(out, HEADS))  # (b, q, h, kv) -> (b, q, d)

@@ -7,7 +7,7 @@ combinations fail here, at construction, with one line that says what to change.
 
 import dataclasses
 
-ARCHITECTURES = ('encoder_decoder', 'encoder', 'decoder')
+ARCHITECTURES = ('encoder_decoder', 'encoder', 'decoder', 'electra')
 ACTIVATIONS = ('relu', 'gelu', 'gated-gelu', 'gated-silu')
 NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
@@ -21,7 +21,8 @@ DTYPES = ('float32', 'bfloat16', 'float16')
 class ModelConfig:
   """Hyperparameters of one Transformer; defaults are T5 v1.0 small."""
 
-  arch: str = 'encoder_decoder'  # encoder_decoder (T5, BART) | encoder (BERT) | decoder (GPT)
+  # encoder_decoder (T5, BART) | encoder (BERT) | decoder (GPT) | electra (models/electra.py)
+  arch: str = 'encoder_decoder'
   vocab_size: int = 32128  # padded to a multiple of 128 (32k SentencePiece + 100 sentinels)
   d_model: int = 512
   d_ff: int = 2048
@@ -45,6 +46,9 @@ class ModelConfig:
   attention: str = 'xla'  # xla | cudnn (jax.nn.dot_product_attention) | einsum (plain)
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   remat_policy: str = 'none'  # none | full | save_dots
+  # ELECTRA: the generator's heads and d_ff as a fraction of the discriminator's (the paper's
+  # "generator size", 1/4 for small and large, 1/3 for base); same d_model and depth
+  generator_size: float = 0.25
 
   def __post_init__(self):
     def choice(name, allowed):
@@ -66,12 +70,14 @@ class ModelConfig:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
     if self.arch != 'decoder' and self.num_encoder_layers <= 0:
       raise ValueError(f'model.arch={self.arch!r} needs num_encoder_layers > 0')
-    if self.arch != 'encoder' and self.num_decoder_layers <= 0:
+    if self.arch in ('encoder_decoder', 'decoder') and self.num_decoder_layers <= 0:
       raise ValueError(f'model.arch={self.arch!r} needs num_decoder_layers > 0')
     if self.position == 'rope' and self.d_kv % 2:
       raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
+    if not 0.0 < self.generator_size <= 1.0:
+      raise ValueError(f'model.generator_size must be in (0, 1], got {self.generator_size}')
 
   @property
   def is_gated(self) -> bool:

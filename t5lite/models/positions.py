@@ -49,9 +49,12 @@ class RelativePositionBias(nnx.Module):
     self.embedding = param(rngs, jax.nn.initializers.normal(cfg.d_model**-0.5),
                            (cfg.relative_buckets, cfg.num_heads), ('relpos_buckets', 'heads'), cfg)
 
-  def __call__(self, query_length: int, key_length: int) -> jax.Array:
-    """Float32 bias of shape (1, heads, query_length, key_length)."""
-    relative = jnp.arange(key_length)[None, :] - jnp.arange(query_length)[:, None]  # (q, k)
+  def __call__(self, query_length: int, key_length: int,
+               query_offset: int | jax.Array = 0) -> jax.Array:
+    """Float32 bias of shape (1, heads, query_length, key_length): queries at positions
+    query_offset, query_offset + 1, ... (a decoding step's place in its cache), keys at 0, 1, ..."""
+    query_positions = query_offset + jnp.arange(query_length)
+    relative = jnp.arange(key_length)[None, :] - query_positions[:, None]  # (q, k)
     bucket = relative_position_bucket(relative, bidirectional=self.bidirectional,
                                       num_buckets=self.num_buckets, max_distance=self.max_distance)
     values = jnp.take(self.embedding[...].astype(jnp.float32), bucket, axis=0)  # (q, k, h)

@@ -11,6 +11,7 @@ Masks: encoder keys that are padding (token 0) are hidden from every query, in s
 cross-attention. Decoders use causal masking alone: with right padding it already hides every pad
 from every real token, and `decoder_input_tokens` starts with the pad id (T5's start token), so a
 mask from it would hide the start token. With segment ids, attention stays inside one segment.
+A prefix LM's `decoder_causal_attention` (seqio's) makes attention bidirectional over its prefix.
 """
 
 from collections.abc import Mapping
@@ -38,12 +39,13 @@ class Features(NamedTuple):
   tokens: jax.Array  # (b, l) int32, 0 is padding
   segment_ids: jax.Array | None = None  # (b, l) packed example index, 0 on padding
   positions: jax.Array | None = None  # (b, l) position within the packed example
+  causal_attention: jax.Array | None = None  # (b, l) prefix LM: 1 where attention is bidirectional
 
   @classmethod
   def from_batch(cls, batch: Mapping[str, jax.Array], side: str) -> 'Features':
     """side 'encoder' reads encoder_input_tokens, encoder_segment_ids, encoder_positions."""
     return cls(batch[f'{side}_input_tokens'], batch.get(f'{side}_segment_ids'),
-               batch.get(f'{side}_positions'))
+               batch.get(f'{side}_positions'), batch.get(f'{side}_causal_attention'))
 
   def absolute_positions(self) -> jax.Array:
     """The positions feature of packed data, else 0, 1, ... for every row."""
@@ -58,7 +60,38 @@ class LayerInputs(NamedTuple):
   bias: jax.Array | None  # (1, h, l, l) T5 relative position bias
   positions: jax.Array | None  # (b, l) for RoPE
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
-  cross_mask: jax.Array | None = None  # (b, 1, l, m)
+  cross_mask: jax.Array | None = None  # (b|1, 1, l|1, m)
+  index: jax.Array | None = None  # decoding: cache position of the first of the l tokens
+
+
+class LayerCache(NamedTuple):
+  """One decoder layer's keys and values while decoding, batch-major: (b, length, h, kv) per
+  layer, or (b, layers, length, h, kv) for all layers at once when they are scanned."""
+  key: jax.Array  # self-attention over the cache positions, written as tokens are decoded
+  value: jax.Array
+  cross_key: jax.Array | None = None  # cross-attention over the encoder output, computed once
+  cross_value: jax.Array | None = None
+
+
+class DecodeCache(NamedTuple):
+  """What a decoding step reads besides its new tokens; `decode_step` takes it and returns it.
+
+  A plain pytree passed in and returned, not mutable variables inside the modules (Flax's
+  `nnx.Cache`, linen's 'cache' collection): the model stays a pure function of (params, tokens,
+  cache), the cache is an ordinary `while_loop` carry under `jit`, and as every leaf is
+  batch-major, beam search copies and reorders hypotheses with one `jnp.take` per leaf.
+  """
+  layers: tuple[LayerCache, ...] | LayerCache  # per layer, or stacked on axis 1 (scan_layers)
+  # (b,) int32 cache position of each row's start token. Decoder-only prompts are left-padded
+  # to a common length: the padding before `start` is hidden and positions count from it.
+  start: jax.Array
+  encoder_valid: jax.Array | None = None  # (b, m) bool, False on encoder padding
+
+  @property
+  def length(self) -> int:
+    """The number of positions: prompt and decoded tokens together."""
+    layer = self.layers if isinstance(self.layers, LayerCache) else self.layers[0]
+    return layer.key.shape[-3]
 
 
 class Block(nnx.Module):
@@ -79,31 +112,46 @@ class Block(nnx.Module):
     self.mlp_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
-  def _residual(self, x, norm, sublayer, deterministic, rngs):
-    if self.pre_norm:
-      return x + self.dropout(sublayer(norm(x)), deterministic=deterministic, rngs=rngs)
-    return norm(x + self.dropout(sublayer(x), deterministic=deterministic, rngs=rngs))
+  def _sublayer_input(self, x, norm):
+    return norm(x) if self.pre_norm else x
+
+  def _residual(self, x, y, norm, deterministic, rngs):
+    """x plus the sublayer's output y (dropped out); post-norm normalizes the sum."""
+    y = self.dropout(y, deterministic=deterministic, rngs=rngs)
+    return x + y if self.pre_norm else norm(x + y)
 
   def __call__(self, x: jax.Array, inputs: LayerInputs, key: jax.Array | None, *,
-               deterministic: bool) -> jax.Array:
-    """x (b, l, d) -> (b, l, d); key seeds this layer's dropout."""
+               deterministic: bool, cache: LayerCache | None = None):
+    """x (b, l, d) -> (b, l, d); key seeds this layer's dropout.
+
+    Decoding, with a cache: x holds the tokens at cache positions inputs.index, ...; their
+    self-attention keys and values are written there, they attend to the whole cache (the mask
+    hides positions not written yet) and the result is (x, cache).
+    """
     rngs = None if key is None else nnx.Rngs(dropout=key)
+    y = self._sublayer_input(x, self.self_attention_norm)
+    key_value = self.self_attention.keys_values(y, inputs.positions)  # 2 x (b, l, h, kv)
+    if cache is not None:
+      cache = cache._replace(key=_write(cache.key, key_value[0], inputs.index),
+                             value=_write(cache.value, key_value[1], inputs.index))
+      key_value = cache.key, cache.value  # 2 x (b, length, h, kv)
+    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=inputs.bias,
+                                   positions=inputs.positions)
+    x = self._residual(x, y, self.self_attention_norm, deterministic, rngs)
+    if inputs.cross_mask is not None:
+      y = self._sublayer_input(x, self.cross_attention_norm)
+      key_value = (self.cross_attention.keys_values(inputs.encoded) if cache is None
+                   else (cache.cross_key, cache.cross_value))  # 2 x (b, m, h, kv)
+      y = self.cross_attention.attend(y, *key_value, mask=inputs.cross_mask)
+      x = self._residual(x, y, self.cross_attention_norm, deterministic, rngs)
+    y = self.mlp(self._sublayer_input(x, self.mlp_norm), deterministic=deterministic, rngs=rngs)
+    x = constrain(self._residual(x, y, self.mlp_norm, deterministic, rngs), EMBED)
+    return x if cache is None else (x, cache)
 
-    def self_attention(y):
-      return self.self_attention(y, y, mask=inputs.mask, bias=inputs.bias,
-                                 positions=inputs.positions)
 
-    def cross_attention(y):
-      return self.cross_attention(y, inputs.encoded, mask=inputs.cross_mask)
-
-    def mlp(y):
-      return self.mlp(y, deterministic=deterministic, rngs=rngs)
-
-    x = self._residual(x, self.self_attention_norm, self_attention, deterministic, rngs)
-    if inputs.encoded is not None:
-      x = self._residual(x, self.cross_attention_norm, cross_attention, deterministic, rngs)
-    x = self._residual(x, self.mlp_norm, mlp, deterministic, rngs)
-    return constrain(x, EMBED)
+def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """cache (b, length, ...) with new (b, l, ...) at positions index, ..., index + l - 1."""
+  return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, axis=1)
 
 
 def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs):
@@ -141,14 +189,13 @@ class Stack(nnx.Module):
                rngs: nnx.Rngs | None = None) -> jax.Array:
     """x (b, l, d) embedded tokens -> (b, l, d); encoded/encoder feed cross-attention."""
     length = x.shape[1]
-    absolute = self._absolute_positions(features)
-    if absolute is not None:
-      x = x + absolute.astype(x.dtype)
+    x = self._add_absolute_positions(x, features.absolute_positions())
     x = constrain(self.dropout(x, deterministic=deterministic, rngs=rngs), EMBED)
     inputs = LayerInputs(
         mask=attention_mask(length, None if self.causal else features.tokens > 0,
                             query_segment_ids=features.segment_ids,
-                            key_segment_ids=features.segment_ids, causal=self.causal),
+                            key_segment_ids=features.segment_ids, causal=self.causal,
+                            prefix=features.causal_attention),
         bias=self.relative_bias(length, length) if self.cfg.position == 't5_relative' else None,
         positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
     if encoded is not None:
@@ -162,16 +209,68 @@ class Stack(nnx.Module):
       x = self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)
     return x
 
-  def _absolute_positions(self, features: Features) -> jax.Array | None:
-    """The sinusoidal or learned encoding to add to the embeddings; None for relative/RoPE."""
+  def decode_step(self, x: jax.Array, index: jax.Array, cache: DecodeCache
+                  ) -> tuple[jax.Array, DecodeCache]:
+    """x (b, l, d): embedded tokens at cache positions index, ..., index + l - 1 -> (b, l, d)
+    and the cache holding their keys and values. The bias and positions are those of the full
+    forward pass at these positions, so decoding step by step computes what it computes."""
+    length = x.shape[1]
+    slots = index + jnp.arange(length)  # (l,) cache positions of the new tokens
+    positions = jnp.maximum(slots[None, :] - cache.start[:, None], 0)  # (b, l); padding at 0
+    x = constrain(self._add_absolute_positions(x, positions), EMBED)
+    keys = jnp.arange(cache.length)
+    # A token sees its own row's keys from the start token up to itself: (b, l, length).
+    visible = (keys >= cache.start[:, None, None]) & (keys <= slots[:, None])
+    inputs = LayerInputs(
+        mask=visible[:, None],  # (b, l, length) -> (b, 1, l, length)
+        bias=(self.relative_bias(length, cache.length, index)
+              if self.cfg.position == 't5_relative' else None),
+        positions=positions if self.cfg.position == 'rope' else None,
+        cross_mask=(None if cache.encoder_valid is None
+                    else cache.encoder_valid[:, None, None, :]),  # (b, m) -> (b, 1, 1, m)
+        index=index)
+    if self.cfg.scan_layers:
+      def body(y, block, layer):
+        return block(y, inputs, None, deterministic=True, cache=layer)
+
+      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 1), out_axes=(nnx.Carry, 1),
+                      transform_metadata={nnx.PARTITION_NAME: 'layers'})
+      x, layers = scan(x, self.layers, cache.layers)
+    else:
+      layers = []
+      for block, layer in zip(self.layers, cache.layers):
+        x, layer = block(x, inputs, None, deterministic=True, cache=layer)
+        layers.append(layer)
+      layers = tuple(layers)
+    if self.cfg.norm_position == 'pre':
+      x = self.final_norm(x)
+    return x, cache._replace(layers=layers)
+
+  def init_layer_caches(self, batch_size: int, length: int, encoded: jax.Array | None = None
+                        ) -> tuple[LayerCache, ...] | LayerCache:
+    """Empty self-attention keys and values for `length` positions, and cross-attention's
+    computed from `encoded` (b, m, d) when given."""
+    def layer_cache(block):
+      empty = jnp.zeros((batch_size, length, self.cfg.num_heads, self.cfg.d_kv), self.cfg.dtype)
+      if encoded is None:
+        return LayerCache(empty, empty)
+      return LayerCache(empty, empty, *block.cross_attention.keys_values(encoded))
+
+    if self.cfg.scan_layers:
+      return nnx.vmap(layer_cache, in_axes=0, out_axes=1,
+                      transform_metadata={nnx.PARTITION_NAME: 'layers'})(self.layers)
+    return tuple(layer_cache(block) for block in self.layers)
+
+  def _add_absolute_positions(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x plus the sinusoidal or learned encoding of positions (b, l); as is for relative/RoPE."""
     if self.cfg.position == 'sinusoidal':
-      return sinusoidal_positions(features.absolute_positions(), self.cfg.d_model)
+      return x + sinusoidal_positions(positions, self.cfg.d_model).astype(x.dtype)
     if self.cfg.position == 'learned':
-      if features.tokens.shape[1] > self.cfg.max_length:
-        raise ValueError(f'sequence length {features.tokens.shape[1]} exceeds model.max_length='
+      if positions.shape[1] > self.cfg.max_length:
+        raise ValueError(f'sequence length {positions.shape[1]} exceeds model.max_length='
                          f'{self.cfg.max_length} of the learned position table')
-      return self.position_embedding(features.absolute_positions())
-    return None
+      return x + self.position_embedding(positions).astype(x.dtype)
+    return x
 
   def _apply_layers(self, x, inputs, keys, deterministic):
     """Runs the layers in order, scanned or unrolled, each under the remat policy."""
@@ -242,6 +341,15 @@ class EncoderDecoder(nnx.Module):
     return self.decode(encoded, encoder, Features.from_batch(batch, 'decoder'),
                        deterministic=deterministic, rngs=rngs)
 
+  def init_cache(self, encoder_tokens: jax.Array, length: int) -> DecodeCache:
+    """A cache for decoding `length` tokens (start token included) from encoder_tokens (b, m),
+    which are encoded once here into the cross-attention keys and values."""
+    encoded = self.encode(Features(encoder_tokens))
+    batch_size = encoder_tokens.shape[0]
+    return DecodeCache(self.decoder.init_layer_caches(batch_size, length, encoded),
+                       start=jnp.zeros((batch_size,), jnp.int32),
+                       encoder_valid=encoder_tokens > 0)
+
 
 class EncoderOnly(nnx.Module):
   """BERT-like: a bidirectional stack with per-token vocabulary logits (the MLM head)."""
@@ -276,6 +384,19 @@ class DecoderOnly(nnx.Module):
     x = self.decoder(self.embed(decoder.tokens), decoder, deterministic=deterministic, rngs=rngs)
     return output_logits(self.cfg, self.embed, self.lm_head, x)
 
+  def init_cache(self, start: jax.Array, length: int) -> DecodeCache:
+    """A cache for decoding `length` tokens, prompts included; start (b,) is the position of each
+    row's start token, after the left padding of its prompt."""
+    return DecodeCache(self.decoder.init_layer_caches(start.shape[0], length), start=start)
+
+
+def decode_step(model: EncoderDecoder | DecoderOnly, tokens: jax.Array, index: jax.Array,
+                cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
+  """tokens (b, l) at cache positions index, ..., index + l - 1 -> float32 logits (b, vocab)
+  for the token after the last one, and the cache with their keys and values written."""
+  x, cache = model.decoder.decode_step(model.embed(tokens), index, cache)
+  return output_logits(model.cfg, model.embed, model.lm_head, x[:, -1:])[:, 0], cache
+
 
 MODELS = {'encoder_decoder': EncoderDecoder, 'encoder': EncoderOnly, 'decoder': DecoderOnly}
 
@@ -285,4 +406,7 @@ def build(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
   if cfg.attention == 'cudnn' and jax.default_backend() != 'gpu':
     raise ValueError(f"model.attention='cudnn' needs a GPU (backend is {jax.default_backend()}); "
                      "use 'xla' or 'einsum'")
+  if cfg.arch == 'electra':
+    from t5lite.models.electra import Electra  # two of this module's stacks: imported late
+    return Electra(cfg, rngs=rngs)
   return MODELS[cfg.arch](cfg, rngs=rngs)

@@ -14,6 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import electra
 from t5lite.models.config import ModelConfig
 
 
@@ -41,14 +42,18 @@ def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int)
   """Forward FLOPs for one example of the given lengths.
 
   encoder_decoder: encoder over the inputs, decoder (causal self-attention, cross-attention to
-  all inputs) and lm head over the targets. encoder: everything over the inputs (targets_length
-  unused). decoder: everything over inputs + targets, the prefix-LM concatenation; pass
-  inputs_length=0 for a plain language model.
+  all inputs) and lm head over the targets. encoder, and electra's two stacks: everything over
+  the inputs (targets_length unused). decoder: everything over inputs + targets, the prefix-LM
+  concatenation; pass inputs_length=0 for a plain language model.
   """
   encoder_layer = attention_flops(cfg, inputs_length, inputs_length, causal=False)
   encoder_layer += ffn_flops(cfg, inputs_length)
   if cfg.arch == 'encoder':
     return cfg.num_encoder_layers * encoder_layer + lm_head_flops(cfg, inputs_length)
+  if cfg.arch == 'electra':  # the discriminator and its 2-layer head, the generator (MLM)
+    head = 2 * inputs_length * cfg.d_model * (cfg.d_model + 1)
+    return (cfg.num_encoder_layers * encoder_layer + head
+            + flops_per_example(electra.generator_config(cfg), inputs_length, targets_length))
   if cfg.arch == 'decoder':
     length = inputs_length + targets_length
     decoder_layer = attention_flops(cfg, length, length, causal=True) + ffn_flops(cfg, length)

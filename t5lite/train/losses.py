@@ -60,6 +60,44 @@ def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array, *,
               weight=jnp.sum(weights), correct=jnp.sum(correct * weights))
 
 
+def binary_losses(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted sums of sigmoid cross entropy for logits [...] against boolean labels [...].
+
+  `loss` is -log sigmoid(logit) where the label is true and -log(1 - sigmoid(logit)) where
+  false, computed stably as softplus(logit) - label * logit; `correct` counts logit > 0 == label.
+  """
+  logits, weights = logits.astype(jnp.float32), weights.astype(jnp.float32)
+  loss = jax.nn.softplus(logits) - labels * logits
+  correct = (logits > 0) == labels
+  return dict(loss=jnp.sum(loss * weights), weight=jnp.sum(weights),
+              correct=jnp.sum(correct * weights))
+
+
+def distillation_losses(student_logits: jax.Array, teacher_logits: jax.Array,
+                        weights: jax.Array, temperature: float) -> dict[str, jax.Array]:
+  """Weighted sums of T^2 KL(teacher || student) between their softmaxes at temperature T.
+
+  Hinton et al. (2015): the soft targets are softmax(teacher / T); their gradients scale as
+  1/T^2, so the loss is multiplied by T^2 to keep its weight against the hard-label loss
+  independent of T. `agreement` counts tokens where the two argmaxes agree.
+  """
+  weights = weights.astype(jnp.float32)
+  student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  teacher = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
+  kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [..., vocab] -> [...]
+  agreement = jnp.argmax(student_logits, axis=-1) == jnp.argmax(teacher_logits, axis=-1)
+  return dict(loss=temperature**2 * jnp.sum(kl * weights), weight=jnp.sum(weights),
+              agreement=jnp.sum(agreement * weights))
+
+
+def cosine_losses(x: jax.Array, y: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+  """Weighted sums of 1 - cos(x, y) between vectors [..., d] (DistilBERT's hidden-state loss)."""
+  x, y, weights = x.astype(jnp.float32), y.astype(jnp.float32), weights.astype(jnp.float32)
+  norms = jnp.linalg.norm(x, axis=-1) * jnp.linalg.norm(y, axis=-1)
+  cosine = jnp.sum(x * y, axis=-1) / jnp.maximum(norms, 1e-8)  # [..., d] -> [...]
+  return dict(loss=jnp.sum((1.0 - cosine) * weights), weight=jnp.sum(weights))
+
+
 def loss_denominator(weights: jax.Array, normalizer) -> jax.Array:
   """What the summed loss of a whole batch (all microbatches) is divided by.
 
@@ -79,3 +117,24 @@ def loss_denominator(weights: jax.Array, normalizer) -> jax.Array:
     raise ValueError(f'train.loss_normalizer={normalizer!r} is not one of '
                      f'{", ".join(NORMALIZERS)} or a positive number')
   return jnp.asarray(constant, jnp.float32)
+
+
+def sequence_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                  segment_ids: jax.Array) -> dict[str, jax.Array]:
+  """Counts of target sequences (the packed segments of [b, l] rows) and of exact ones.
+
+  A sequence is exact when the argmax matches every one of its weighted target tokens, EOS
+  included. With teacher forcing that is exactly when greedy decoding would output the target:
+  each greedy step then sees the same previous tokens as the teacher-forced one and picks the
+  same argmax, up to the EOS where greedy decoding stops. So `exact / sequences` is the
+  accuracy of greedy decoding (classification as text, exact match), computed without a decoder.
+  segment_ids [[1 1 2 2 0]], argmax right at [[T T T F T]] -> sequences 2, exact 1.
+  """
+  real = weights > 0
+  wrong = real & (jnp.argmax(logits, axis=-1) != targets)  # [b, l]
+  # A segment holds at least one token, so ids run below l + 1: [b, l, 1] vs [l] -> [b, l, l]
+  in_segment = segment_ids[..., None] == jnp.arange(1, targets.shape[-1] + 1)
+  present = jnp.any(in_segment & real[..., None], axis=-2)  # [b, l]: segment s+1 has tokens
+  missed = jnp.any(in_segment & wrong[..., None], axis=-2)
+  return dict(sequences=jnp.sum(present, dtype=jnp.float32),
+              exact=jnp.sum(present & ~missed, dtype=jnp.float32))

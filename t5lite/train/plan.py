@@ -29,9 +29,11 @@ from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType
 
 from t5lite import config as config_lib
+from t5lite.models import electra
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
+from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
@@ -151,7 +153,7 @@ def abstract_batch(model_cfg: ModelConfig, data_cfg, sharding) -> dict:
   """ShapeDtypeStructs of one global batch as the pipeline feeds it (seqio's feature names)."""
   inputs, targets = data_cfg.inputs_length, data_cfg.targets_length
   sides = {'encoder_decoder': {'encoder': inputs, 'decoder': targets},
-           'encoder': {'encoder': inputs},
+           'encoder': {'encoder': inputs}, 'electra': {'encoder': inputs},
            'decoder': {'decoder': inputs + targets}}[model_cfg.arch]
   names = {f'{side}_{n}': length for side, length in sides.items()
            for n in ('input_tokens', 'segment_ids', 'positions')}
@@ -207,6 +209,10 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
     stacks = [(cfg.num_encoder_layers, layer_bytes(cfg, b, n, n, tensor)),
               (cfg.num_decoder_layers, layer_bytes(cfg, b, m, m, tensor, cross_length=n))]
     encoded, logits_length = b * n * cfg.d_model * jnp.dtype(cfg.dtype).itemsize, m
+  elif cfg.arch == 'electra':  # the generator's logits; the discriminator has one per token
+    stacks = [(cfg.num_encoder_layers, layer_bytes(c, b, n, n, tensor))
+              for c in (cfg, electra.generator_config(cfg))]
+    encoded, logits_length = 0, n
   else:
     length = n if cfg.arch == 'encoder' else n + m
     count = cfg.num_encoder_layers if cfg.arch == 'encoder' else cfg.num_decoder_layers
@@ -218,13 +224,15 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
   return kept + encoded + max(logits, recomputed)
 
 
-def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh) -> dict[str, float]:
+def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,
+                    frozen=None) -> dict[str, float]:
   """Bytes per device by kind, and their total.
 
   The state and the batch from their real shardings; gradients as the parameters (twice with
   microbatches: the running sum and one microbatch's); activations by `activation_bytes` for
   one microbatch's share of this device. Gradients and activations are counted together: a
   scanned stack holds its stacked gradients and residuals through the whole backward loop.
+  `frozen` (a distillation teacher's parameters) adds its bytes.
   """
   params = per_device_bytes(spec.abstract.params)
   data, microbatches = config.data, config.train.microbatches
@@ -237,17 +245,18 @@ def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh) -> dict[s
       'activations': activation_bytes(model_cfg, data.inputs_length, data.targets_length,
                                       rows / microbatches, mesh.shape['tensor']),
   }
+  if frozen is not None:
+    memory['teacher'] = per_device_bytes(frozen)  # distillation: forward only, no gradients
   memory['total'] = sum(memory.values())
   return memory
 
 
-def compile_train_step(config, model_cfg: ModelConfig, mesh, rules, spec, optimizer, schedule,
-                       batch):
+def compile_train_step(config, objective, mesh, rules, spec, optimizer, schedule, batch):
   """The train step exactly as `loop.train` jits it (shardings, donation), compiled for `mesh`
   from abstract values: nothing is allocated, and the devices need not be attached."""
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    jitted = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
-    lowered = jitted.lower(spec.abstract, batch)
+    jitted = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
+    lowered = jitted.lower(spec.abstract, batch, objective.frozen)
   return lowered.compile(CPU_COMPILE_OPTIONS if mesh.devices.flat[0].platform == 'cpu' else None)
 
 
@@ -309,12 +318,16 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
   # Outside jax.set_mesh: building the state spec runs small eager ops, which compile-only
   # devices cannot run.
   spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
+  # A distillation teacher enters as the shapes of its parameters.
+  teacher = (objectives.load_teacher(config, model_cfg, mesh, rules, restore=False)
+             if config.train.teacher_workdir else None)
+  objective = objectives.make(config, model_cfg, teacher)
   batch = abstract_batch(model_cfg, config.data, mesh_lib.batch_sharding(mesh, rules))
   result['num_params'] = sum(x.size for x in jax.tree.leaves(spec.abstract.params))
-  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh)
+  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh, objective.frozen)
   result['compiled'] = result['xla_flops_per_device'] = None
   if devices is not None:
-    compiled = compile_train_step(config, model_cfg, mesh, rules, spec, optimizer, schedule,
+    compiled = compile_train_step(config, objective, mesh, rules, spec, optimizer, schedule,
                                   batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')

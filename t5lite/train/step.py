@@ -1,9 +1,12 @@
-"""The train and eval steps: pure functions of (state, batch), jitted once with explicit shardings.
+"""The train and eval steps: pure functions of (state, batch, frozen), jitted once with explicit
+shardings.
 
-One step serves every objective: the model maps a batch of seqio-named features to logits, and
-the loss reads the targets and weights that the model family predicts (`target_features`).
-Gradient accumulation splits the batch into microbatches inside the step, sums the loss over
-them and divides once by the denominator of the whole batch, so that it equals one big batch.
+One step serves every objective (objectives.py): the objective maps the model and a batch of
+seqio-named features to summed losses, and says what each sum is divided by. Gradient
+accumulation splits the batch into microbatches inside the step, adds their sums and divides
+once by the denominators of the whole batch, so that it equals one big batch. `frozen` holds
+what the objective reads and never trains (a distillation teacher's parameters); None for most.
+The token cross entropy every model family trains with (`loss_sums`, `summarize`) lives here.
 """
 
 from typing import Callable
@@ -25,6 +28,7 @@ TARGETS = {
     'encoder_decoder': ('decoder_target_tokens', 'decoder_loss_weights'),
     'decoder': ('decoder_target_tokens', 'decoder_loss_weights'),
     'encoder': ('encoder_target_tokens', 'encoder_loss_weights'),
+    'electra': ('encoder_target_tokens', 'encoder_loss_weights'),  # the generator's MLM targets
 }
 
 
@@ -32,13 +36,20 @@ def target_features(model_cfg: ModelConfig) -> tuple[str, str]:
   return TARGETS[model_cfg.arch]
 
 
-def loss_sums(model, batch, model_cfg: ModelConfig, train_cfg, *, dropout_key=None):
-  """Summed loss, z-loss, weight and correct predictions of one (micro)batch; dropout iff a key."""
+def loss_sums(model, batch, model_cfg: ModelConfig, train_cfg, *, dropout_key=None,
+              sequences: bool = False):
+  """Summed loss, z-loss, weight and correct predictions of one (micro)batch; dropout iff a key;
+  with `sequences`, also the counts of target sequences and exact ones."""
   rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
   logits = model(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, vocab) float32
   targets, weights = (batch[name] for name in target_features(model_cfg))
-  return losses.token_losses(logits, targets, weights, z_loss=train_cfg.z_loss,
+  sums = losses.token_losses(logits, targets, weights, z_loss=train_cfg.z_loss,
                              label_smoothing=train_cfg.label_smoothing)
+  if sequences:
+    side = target_features(model_cfg)[0].split('_')[0]  # decoder_target_tokens -> decoder
+    segment_ids = batch.get(f'{side}_segment_ids', (weights > 0).astype(jnp.int32))
+    sums.update(losses.sequence_sums(logits, targets, weights, segment_ids))
+  return sums
 
 
 def split_microbatches(batch, num_microbatches: int):
@@ -50,43 +61,40 @@ def split_microbatches(batch, num_microbatches: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef, rest, model_cfg: ModelConfig, train_cfg,
-                    optimizer: optax.GradientTransformation, schedule: optax.Schedule
-                    ) -> Callable:
-  """Returns train_step(state, batch) -> (state, metrics); `rest` is the model's non-param state."""
-  deterministic = model_cfg.dropout == 0.0
+def make_train_step(graphdef, rest, objective, train_cfg, optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule) -> Callable:
+  """Returns train_step(state, batch, frozen) -> (state, metrics) minimising `objective`
+  (objectives.py); `rest` is the model's non-param state, `frozen` the objective's."""
   num_microbatches = train_cfg.microbatches
 
-  def grads_and_sums(params, batch, key, denominator):
+  def grads_and_sums(params, batch, frozen, key, denominators):
     def loss_fn(params):
       model = nnx.merge(graphdef, params, rest)
-      sums = loss_sums(model, batch, model_cfg, train_cfg,
-                       dropout_key=None if deterministic else key)
-      return sums['loss'] / denominator, sums
+      sums = objective.sums(model, batch, frozen, key, train=True)
+      return objective.loss(sums, denominators), sums
     grads, sums = jax.grad(loss_fn, has_aux=True)(params)
     return grads, sums
 
-  def train_step(state: TrainState, batch):
-    weights = batch[target_features(model_cfg)[1]]
-    denominator = losses.loss_denominator(weights, train_cfg.loss_normalizer)
+  def train_step(state: TrainState, batch, frozen):
+    denominators = objective.denominators(batch)
     key = jax.random.fold_in(state.rng, state.step)
     if num_microbatches == 1:
-      grads, sums = grads_and_sums(state.params, batch, key, denominator)
+      grads, sums = grads_and_sums(state.params, batch, frozen, key, denominators)
     else:
       def accumulate(carry, microbatch_and_index):
         microbatch, index = microbatch_and_index
-        grads, sums = grads_and_sums(state.params, microbatch, jax.random.fold_in(key, index),
-                                     denominator)
+        grads, sums = grads_and_sums(state.params, microbatch, frozen,
+                                     jax.random.fold_in(key, index), denominators)
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
       zeros = jax.eval_shape(grads_and_sums, state.params, jax.tree.map(lambda x: x[0], (
-          split_microbatches(batch, num_microbatches))), key, denominator)
+          split_microbatches(batch, num_microbatches))), frozen, key, denominators)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
       (grads, sums), _ = jax.lax.scan(
           accumulate, zeros,
           (split_microbatches(batch, num_microbatches), jnp.arange(num_microbatches)))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = summarize(sums)
+    metrics = objective.metrics(sums)
     metrics['grad_norm'] = optax.global_norm(grads)
     metrics['learning_rate'] = schedule(state.step)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -94,34 +102,50 @@ def make_train_step(graphdef, rest, model_cfg: ModelConfig, train_cfg,
   return train_step
 
 
-def make_eval_step(graphdef, rest, model_cfg: ModelConfig, train_cfg) -> Callable:
-  """Returns eval_step(params, batch) -> sums; the caller adds sums over batches, then divides."""
-  def eval_step(params, batch):
+# Evaluation draws what it samples (ELECTRA's replacements) from one fixed key: a checkpoint's
+# eval metrics do not depend on when they are computed.
+EVAL_KEY = 0
+
+
+def make_eval_step(graphdef, rest, objective) -> Callable:
+  """Returns eval_step(params, batch, frozen) -> sums; the caller adds sums over batches, then
+  turns them into metrics with `objective.metrics`."""
+  def eval_step(params, batch, frozen):
     model = nnx.merge(graphdef, params, rest)
-    return loss_sums(model, batch, model_cfg, train_cfg)
+    return objective.sums(model, batch, frozen, jax.random.PRNGKey(EVAL_KEY), train=False)
   return eval_step
 
 
-def jit_train_step(spec, mesh, model_cfg: ModelConfig, train_cfg, optimizer, schedule):
-  """The train step jitted once: state in its own shardings (donated), batch over the batch axes."""
+def jit_train_step(spec, mesh, objective, train_cfg, optimizer, schedule):
+  """The train step jitted once: state in its own shardings (donated), batch over the batch axes,
+  the objective's frozen arrays where they already are."""
   return jax.jit(
-      make_train_step(spec.graphdef, spec.rest, model_cfg, train_cfg, optimizer, schedule),
-      in_shardings=(spec.shardings, mesh_lib.batch_sharding(mesh)),
+      make_train_step(spec.graphdef, spec.rest, objective, train_cfg, optimizer, schedule),
+      in_shardings=(spec.shardings, mesh_lib.batch_sharding(mesh), frozen_shardings(objective)),
       out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
       donate_argnums=0)
 
 
-def jit_eval_step(spec, mesh, model_cfg: ModelConfig, train_cfg):
-  return jax.jit(make_eval_step(spec.graphdef, spec.rest, model_cfg, train_cfg),
-                 in_shardings=(spec.shardings.params, mesh_lib.batch_sharding(mesh)))
+def jit_eval_step(spec, mesh, objective):
+  return jax.jit(make_eval_step(spec.graphdef, spec.rest, objective),
+                 in_shardings=(spec.shardings.params, mesh_lib.batch_sharding(mesh),
+                               frozen_shardings(objective)))
+
+
+def frozen_shardings(objective):
+  return jax.tree.map(lambda x: x.sharding, objective.frozen)
 
 
 def summarize(sums) -> dict:
   """Per-token metrics from summed ones (for one step, or added over many eval batches)."""
   weight = jnp.maximum(sums['weight'], 1e-8)
-  return {
+  metrics = {
       'loss': sums['loss'] / weight,
       'z_loss': sums['z_loss'] / weight,
       'accuracy': sums['correct'] / weight,
       'target_tokens': sums['weight'],
   }
+  if 'sequences' in sums:
+    metrics.update(exact_match=sums['exact'] / jnp.maximum(sums['sequences'], 1e-8),
+                   sequences=sums['sequences'])
+  return metrics

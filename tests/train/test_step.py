@@ -7,6 +7,7 @@ from flax import nnx
 
 from t5lite import config as config_lib
 from t5lite.train import mesh as mesh_lib
+from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
@@ -47,11 +48,12 @@ def train_losses(config, num_steps=5) -> list[float]:
   with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.DEFAULT_RULES):
     spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, mesh_lib.DEFAULT_RULES)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
+    step = step_lib.jit_train_step(spec, mesh, objectives.lm(model_cfg, config.train),
+                                   config.train, optimizer, schedule)
     state, losses = spec.init(), []
     for i in range(num_steps):
       batch = {k: jax.device_put(v, batch_sharding) for k, v in synthetic_batch(i).items()}
-      state, metrics = step(state, batch)
+      state, metrics = step(state, batch, None)
       losses.append(float(metrics['loss']))
   return losses
 

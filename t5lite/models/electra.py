@@ -1,0 +1,77 @@
+"""ELECTRA (Clark et al. 2020): a small masked-LM generator and a discriminator trained together.
+
+The generator fills the masked positions of an MLM batch with samples from its softmax; the
+discriminator reads the result and tells, for every token, whether it was replaced. The
+discriminator is the model one keeps. Both are bidirectional `Stack`s over one shared token
+embedding, and one shared position table when positions are learned, as in the paper.
+
+The paper narrows the generator (hidden size, FFN and heads all times `generator_size`) and
+projects the shared embeddings into it. Here the generator keeps the discriminator's d_model and
+depth and takes `generator_size` of its heads and d_ff, so the embeddings are shared without a
+projection: each generator layer has `generator_size` of a discriminator layer's weights and
+FLOPs, and the residual stream stays full width.
+
+  model(batch)                   # (b, l) float32 logits of "this encoder input token was replaced"
+  model.generator_logits(batch)  # (b, l, vocab) float32 MLM logits
+"""
+
+import dataclasses
+from collections.abc import Mapping
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, constrain
+from t5lite.models.transformer import Features, Stack, _shared_parts, output_logits
+
+
+def generator_config(cfg: ModelConfig) -> ModelConfig:
+  """The generator's stack: `generator_size` of the heads (at least one) and of d_ff, and an MLM
+  head tied to the shared embedding (the paper ties the generator's input and output)."""
+  return dataclasses.replace(
+      cfg, arch='encoder', num_heads=max(1, round(cfg.num_heads * cfg.generator_size)),
+      d_ff=max(1, round(cfg.d_ff * cfg.generator_size)), tie_embeddings=True)
+
+
+class Electra(nnx.Module):
+  """The generator and discriminator stacks, their shared embeddings, the discriminator head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg, self.generator_cfg = cfg, generator_config(cfg)
+    self.embed, _, self.rngs = _shared_parts(self.generator_cfg, rngs)  # tied: no lm head
+    self.generator = Stack(self.generator_cfg, cfg.num_encoder_layers, causal=False,
+                           cross_attention=False, rngs=rngs)
+    self.discriminator = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
+                               rngs=rngs)
+    if cfg.position == 'learned':  # one table, stored once (nnx shares the module)
+      self.generator.position_embedding = self.discriminator.position_embedding
+    # The paper's discriminator head: dense + activation, then one logit per token.
+    self.act = ACTIVATION_FUNCTIONS[cfg.activation.removeprefix('gated-')]
+    self.discriminator_dense = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'),
+                                     std=cfg.d_model**-0.5, cfg=cfg, rngs=rngs)
+    self.discriminator_output = Dense((cfg.d_model,), (1,), ('mlp', None),
+                                      std=cfg.d_model**-0.5, cfg=cfg, rngs=rngs)
+
+  def generator_logits(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+                       rngs: nnx.Rngs | None = None) -> jax.Array:
+    """The MLM's (b, l, vocab) float32 logits over the batch's masked encoder_input_tokens."""
+    features = Features.from_batch(batch, 'encoder')
+    x = self.generator(self.embed(features.tokens), features, deterministic=deterministic,
+                       rngs=self.rngs if rngs is None else rngs)
+    return output_logits(self.generator_cfg, self.embed, None, x)
+
+  def discriminator_logits(self, features: Features, *, deterministic: bool = True,
+                           rngs: nnx.Rngs | None = None) -> jax.Array:
+    """(b, l) float32 logits that each token of `features` is a replacement."""
+    x = self.discriminator(self.embed(features.tokens), features, deterministic=deterministic,
+                           rngs=self.rngs if rngs is None else rngs)
+    h = self.act(self.discriminator_dense(x))  # (b, l, d)
+    logits = self.discriminator_output(h)[..., 0]  # (b, l, 1) -> (b, l)
+    return constrain(logits.astype(jnp.float32), ('batch', 'length'))
+
+  def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+               rngs: nnx.Rngs | None = None) -> jax.Array:
+    return self.discriminator_logits(Features.from_batch(batch, 'encoder'),
+                                     deterministic=deterministic, rngs=rngs)

@@ -1,0 +1,126 @@
+"""ELECTRA: replaced-token labels, the discriminator's loss against numpy, the generator's
+samples against its softmax, the model's shared embeddings, and a 20-step run of the preset."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from t5lite import cli
+from t5lite import config as config_lib
+from t5lite.models import ModelConfig, build
+from t5lite.train import losses, objectives
+
+from test_loop import ROOT
+
+# configs/electra_small.py shrunk to seconds: one layer of width 64, a generator of one head,
+# 32-token MLM rows, AdamW at a constant 3e-3 so that 20 steps show learning.
+ELECTRA = ['--config=' + os.path.join(ROOT, 'configs', 'electra_small.py'),
+           '--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
+           '--config.model.d_kv=32', '--config.model.num_encoder_layers=1',
+           '--config.model.max_length=64', '--config.model.generator_size=0.5',
+           '--config.data.batch_size=8', '--config.data.inputs_length=32',
+           '--config.train.steps=20', '--config.train.log_every=1', '--config.train.eval_every=0',
+           '--config.optim.schedule=constant', '--config.optim.learning_rate=3e-3',
+           '--config.checkpoint.async_save=false']
+TINY = ModelConfig(arch='electra', vocab_size=128, d_model=32, d_ff=64, num_heads=4, d_kv=8,
+                   num_encoder_layers=1, num_decoder_layers=0, position='learned', max_length=16,
+                   norm='layer', norm_position='post', activation='gelu', use_bias=True)
+
+
+def test_binary_losses_match_numpy():
+  logits = np.array([[2.0, -1.0, 0.5], [-3.0, 0.25, 4.0]], np.float32)
+  labels = np.array([[True, False, False], [True, True, False]])
+  weights = np.array([[1, 1, 1], [1, 1, 0]], np.float32)
+  sums = losses.binary_losses(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights))
+  p = 1 / (1 + np.exp(-logits.astype(np.float64)))
+  bce = -(labels * np.log(p) + (~labels) * np.log(1 - p))
+  np.testing.assert_allclose(sums['loss'], np.sum(bce * weights), rtol=1e-6)
+  assert float(sums['weight']) == 5
+  assert float(sums['correct']) == 3  # 2>0 T, -1<0 F, 0.5>0 vs F wrong; -3 vs T wrong, 0.25 T
+
+
+def test_a_sample_equal_to_the_original_is_not_replaced():
+  # The MLM batch: targets hold the original at the masked positions and 0 elsewhere.
+  batch = {'encoder_input_tokens': jnp.array([[5, 99, 99, 8, 0]]),
+           'encoder_target_tokens': jnp.array([[0, 6, 7, 0, 0]]),
+           'encoder_loss_weights': jnp.array([[0, 1, 1, 0, 0]])}
+  original = objectives.original_tokens(batch)
+  np.testing.assert_array_equal(original, [[5, 6, 7, 8, 0]])
+  sampled = jnp.array([[9, 6, 3, 9, 9]])
+  inputs, replaced = objectives.replace_tokens(original, batch['encoder_loss_weights'] > 0,
+                                               sampled)
+  np.testing.assert_array_equal(inputs, [[5, 6, 3, 8, 0]])
+  np.testing.assert_array_equal(replaced, [[False, False, True, False, False]])
+
+
+def test_samples_follow_the_generators_softmax_and_are_never_padding():
+  logits = jnp.log(jnp.array([0.7, 0.1, 0.2, 0.3, 0.4]))  # the padding id 0 would be likeliest
+  samples = np.asarray(objectives.sample_tokens(
+      jax.random.PRNGKey(0), jnp.broadcast_to(logits, (40, 500, 5))))
+  counts = np.bincount(samples.reshape(-1), minlength=5) / samples.size
+  expected = np.array([0, 0.1, 0.2, 0.3, 0.4])
+  # 20,000 draws: a standard error below 0.0035 per frequency
+  np.testing.assert_allclose(counts, expected, atol=0.012)
+
+
+def test_generator_and_discriminator_share_embeddings():
+  model = nnx.eval_shape(lambda: build(TINY, nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param).to_pure_dict()
+  assert set(params) == {'embed', 'generator', 'discriminator', 'discriminator_dense',
+                         'discriminator_output'}
+  # one learned position table, stored once (under the discriminator) and read by both stacks
+  assert 'position_embedding' in params['discriminator']
+  assert 'position_embedding' not in params['generator']
+  assert model.generator.position_embedding is model.discriminator.position_embedding
+  generator_attention = params['generator']['layers'][0]['self_attention']['q']['kernel']
+  assert generator_attention.shape == (32, 1, 8)  # a quarter of the 4 heads
+  assert params['generator']['layers'][0]['mlp']['wi']['kernel'].shape == (32, 16)
+
+
+def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
+  model = build(TINY, nnx.Rngs(0))
+  config = config_lib.base_config()
+  objective = objectives.electra(TINY, config.train)
+  rng = np.random.RandomState(0)
+  original = rng.randint(3, 128, (4, 12)).astype(np.int32)
+  original[-1, 8:] = 0  # padding
+  masked = (rng.rand(4, 12) < 0.3) & (original > 0)
+  batch = {'encoder_input_tokens': np.where(masked, 127, original),
+           'encoder_target_tokens': np.where(masked, original, 0),
+           'encoder_loss_weights': masked.astype(np.int32)}
+  sums = jax.jit(lambda batch: objective.sums(model, batch, None, jax.random.PRNGKey(1),
+                                              train=True))(batch)
+  assert float(sums['mlm']['weight']) == masked.sum()
+  assert float(sums['discriminator']['weight']) == (original > 0).sum()  # every real token
+  assert 0 < float(sums['discriminator']['replaced']) <= masked.sum()
+  metrics = objective.metrics(sums)
+  np.testing.assert_allclose(metrics['loss'],
+                             metrics['mlm_loss'] + 50 * metrics['discriminator_loss'], rtol=1e-6)
+  np.testing.assert_allclose(objective.loss(sums, objective.denominators(batch)),
+                             metrics['loss'], rtol=1e-6)
+
+
+def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):
+  assert cli.main(['train', f'--workdir={tmp_path}', *ELECTRA]) == 0
+  with open(tmp_path / 'metrics.jsonl', encoding='utf-8') as f:
+    rows = [row for row in map(json.loads, f) if 'loss' in row]
+  loss, mlm = (np.array([row[name] for row in rows]) for name in ('loss', 'mlm_loss'))
+  assert len(rows) == 20 and np.isfinite(loss).all()
+  assert np.mean(loss[-3:]) < 0.8 * np.mean(loss[:3]), loss
+  assert np.mean(mlm[-3:]) < np.mean(mlm[:3]) - 0.3, mlm
+  capsys.readouterr()
+  assert cli.main(['eval', f'--workdir={tmp_path}', '--num_batches=2']) == 0
+  evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert evaluated['step'] == 20
+  assert 0.5 < evaluated['eval_accuracy'] <= 1 and np.isfinite(evaluated['eval_mlm_loss'])
+  assert cli.main(['export', f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}']) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and 'arch=electra' in error[0], error
+  with capsys.disabled():
+    print(f'\nelectra: loss {loss[0]:.2f} -> {loss[-1]:.2f}, mlm {mlm[0]:.3f} -> {mlm[-1]:.3f}, '
+          f'discriminator accuracy {rows[0]["accuracy"]:.3f} -> {rows[-1]["accuracy"]:.3f}, '
+          f'eval {evaluated}')
