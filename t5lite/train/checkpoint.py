@@ -9,49 +9,75 @@ how a run saved on one mesh resumes on another.
 import os
 
 import orbax.checkpoint as ocp
+from absl import logging
 
 ITEMS = ('state', 'data', 'config')
 
+# Orbax warns on every read-only open, which `t5lite eval` and `export` always are.
+logging.get_absl_logger().addFilter(
+    lambda record: not record.getMessage().startswith('Given directory is read only'))
+
 
 class Checkpointer:
-  """The workdir's `checkpoints/` folder: keep the last `keep`, and every `keep_period`-th."""
+  """The workdir's `checkpoints/` folder: keep the last `keep`, and every `keep_period`-th.
 
-  def __init__(self, workdir: str, checkpoint_cfg, *, read_only: bool = False):
+  With `best_fn` (saved metrics -> a score to maximise) it keeps the `keep` best-scoring
+  checkpoints instead; orbax stores each one's metrics, so the ranking survives a restart.
+  """
+
+  def __init__(self, workdir: str, checkpoint_cfg, *, read_only: bool = False, best_fn=None):
     self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else checkpoint_cfg.keep,
         save_interval_steps=0 if read_only else 1,
-        keep_period=checkpoint_cfg.keep_period or None,
+        keep_period=None if read_only else checkpoint_cfg.keep_period or None,
         enable_async_checkpointing=checkpoint_cfg.async_save and not read_only,
+        best_fn=best_fn,
+        best_mode='max',
         create=not read_only,
+        cleanup_tmp_directories=not read_only,  # what a kill during a save left behind
         read_only=read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state, data_position: dict, config_dict: dict) -> None:
+  def save(self, step: int, state, data_position: dict, config_dict: dict,
+           metrics: dict | None = None) -> None:
     """Starts an asynchronous save; training goes on while orbax writes."""
-    self.manager.save(step, force=True, args=ocp.args.Composite(
+    self.manager.save(step, force=True, metrics=metrics, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_position),
         config=ocp.args.JsonSave(config_dict)))
 
   def saved_config(self, step: int) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))[
-        'config']
+    return self._restore(step, config=ocp.args.JsonRestore())['config']
 
   def restore(self, step: int, abstract_state):
     """(state, data position) at `step`, placed by the shardings on `abstract_state`'s leaves."""
-    try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    except Exception as error:  # orbax raises many types for damaged files; say which step
-      first_line = str(error).strip().splitlines()[0] if str(error).strip() else ''
-      raise ValueError(
-          f'checkpoint {self.directory}/{step} cannot be restored ({type(error).__name__}: '
-          f'{first_line[:200]}); move it away to resume from an earlier one') from error
+    restored = self._restore(step, state=ocp.args.StandardRestore(abstract_state),
+                             data=ocp.args.JsonRestore())
     return restored['state'], restored['data']
+
+  def restore_params(self, step: int, abstract_params):
+    """The train state's parameters alone (a distillation teacher's): the optimizer state is
+    never read."""
+    item = {'params': abstract_params}
+    return self._restore(step, state=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True))['state']['params']
+
+  def _restore(self, step: int, **items):
+    """Reads `items` of checkpoint `step`. One damaged on disk (files cut short) is named in one
+    line and left where it is: moving it away, to resume from the one before, is the user's call."""
+    try:
+      return self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as error:  # orbax raises many types for damaged files
+      sentence = (str(error).strip().splitlines() or [''])[0].split('. ')[0]
+      raise ValueError(
+          f'checkpoint {self.directory}/{step} cannot be read ({type(error).__name__}: '
+          f'{sentence[:160]}); if it is damaged, move it out of {self.directory} to use the one '
+          'before it') from error
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

@@ -9,7 +9,9 @@ import itertools
 import json
 import os
 import signal
+import tempfile
 import time
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ from t5lite.data import pipeline
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
+from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
@@ -51,25 +54,33 @@ class Preempted:
     signal.signal(signal.SIGTERM, self._previous)
 
 
-def prepare_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Creates the workdir (or says why it cannot) and records the run's config in it."""
+def prepare_workdir(workdir: str, config: ml_collections.ConfigDict | None = None) -> None:
+  """Creates the workdir or says in one line why it cannot be written; with `config`, records it
+  there, whole or not at all (a kill may come at any moment)."""
   try:
     os.makedirs(workdir, exist_ok=True)
-    if jax.process_index() == 0:
-      with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    tempfile.TemporaryFile(dir=workdir).close()  # a read-only workdir fails here, before any work
+    if config is not None and jax.process_index() == 0:
+      path = os.path.join(workdir, 'config.json')
+      with open(path + '.tmp', 'w', encoding='utf-8') as f:
         json.dump(config.to_dict(), f, indent=2)
+      os.replace(path + '.tmp', path)
   except OSError as error:
     raise ValueError(f'cannot write to workdir {workdir}: {error.strerror}') from None
 
 
 def check_same_model(checkpointer, step: int, config: ml_collections.ConfigDict) -> None:
   """Refuses to resume a checkpoint of another architecture instead of failing inside orbax."""
-  saved = checkpointer.saved_config(step)['model']
-  diffs = [f'{k} {saved.get(k)} vs {v}' for k, v in config.model.to_dict().items()
-           if k in STRUCTURAL and saved.get(k) != v]
+  diffs = structural_diffs(checkpointer.saved_config(step)['model'], config.model.to_dict())
   if diffs:
     raise ValueError(f'{checkpointer.directory} holds a checkpoint of another model '
                      f'({", ".join(diffs)}); use a new --workdir')
+
+
+def structural_diffs(saved: dict, model: dict) -> list[str]:
+  """'d_ff 128 vs 256' for each STRUCTURAL setting where `model` differs from `saved`."""
+  return [f'{k} {saved.get(k)} vs {v}' for k, v in model.items()
+          if k in STRUCTURAL and saved.get(k) != v]
 
 
 # Model settings that change parameter shapes: a checkpoint cannot move across them.
@@ -84,15 +95,15 @@ def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
           for name, value in local_batch.items()}
 
 
-def evaluate(eval_step, params, batches, num_batches: int, sharding) -> dict:
+def evaluate(eval_step, objective, params, batches, num_batches: int, sharding) -> dict:
   """Held-out loss and accuracy over `num_batches` (validation pipelines repeat), summed first."""
   if num_batches < 1:
     raise ValueError(f'evaluation needs at least one batch, got {num_batches}')
   totals = None
   for _ in range(num_batches):
-    sums = eval_step(params, global_batch(next(batches), sharding))
+    sums = eval_step(params, global_batch(next(batches), sharding), objective.frozen)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return {f'eval_{k}': float(v) for k, v in step_lib.summarize(jax.device_get(totals)).items()}
+  return {f'eval_{k}': float(v) for k, v in objective.metrics(jax.device_get(totals)).items()}
 
 
 def setup(config: ml_collections.ConfigDict):
@@ -107,67 +118,110 @@ def setup(config: ml_collections.ConfigDict):
   return model_cfg, mesh, rules, optimizer, schedule
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+class Inputs(NamedTuple):
+  """Where a run's batches come from: the pretraining pipeline, or a fine-tuning task."""
+  train: Callable  # start (a batch number or saved positions) -> batches with a state()
+  held_out: Callable  # () -> (an iterator of held-out batches, how many of them to evaluate)
+  exact_match: bool = False  # evaluation also counts target sequences predicted exactly
+
+
+def pretraining_inputs(config: ml_collections.ConfigDict) -> Inputs:
+  """The span-corrupted text of `config.data`; eval on `train.eval_batches` held-out batches."""
+  return Inputs(
+      train=lambda start: pipeline.make_pipeline(config.data, 'train', start=start),
+      held_out=lambda: (pipeline.make_pipeline(config.data, 'validation'),
+                        config.train.eval_batches))
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | None = None,
+          init_params: Callable | None = None, keep_best: Callable | None = None) -> dict:
   """Trains to `config.train.steps`, resuming from the workdir's latest checkpoint; returns the
-  last logged metrics."""
+  last logged metrics.
+
+  Pretraining by default; fine-tuning composes the same run from `inputs` (a task's batches),
+  `init_params()` (the parameters a new run starts from instead of a random init) and
+  `keep_best` (see `run_steps`).
+  """
+  inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
-  prepare_workdir(workdir, config)
+  teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
+             if config.train.teacher_workdir else None)
+  prepare_workdir(workdir)
   if jax.process_index() == 0:
     print(config, flush=True)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
   latest = checkpointer.latest_step()
   if latest is not None:
     check_same_model(checkpointer, latest, config)
-  rates = throughput_rates(config, model_cfg)  # measures the CPU's matmul rate: before the mesh
+  # measures the CPU's matmul rate: before the mesh
+  rates = throughput_rates(config, model_cfg, None if teacher is None else teacher.cfg)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     if latest is None:
-      state, data_start = spec.init(), 0
+      data_start = 0
+      state = spec.init() if init_params is None else state_lib.from_params(
+          spec, optimizer, init_params(), config.train.seed)
     else:
       state, data_position = checkpointer.restore(latest, spec.abstract)
       data_start = data_position.get('processes') or int(state.step)  # HF imports have none
       logging.info('resumed from %s at step %d', checkpointer.directory, latest)
+    prepare_workdir(workdir, config)  # only now: a refused resume leaves config.json as it was
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = step_lib.jit_train_step(spec, mesh, model_cfg, config.train, optimizer, schedule)
-    eval_step = step_lib.jit_eval_step(spec, mesh, model_cfg, config.train)
+    objective = objectives.make(config, model_cfg, teacher, exact_match=inputs.exact_match)
+    train_step = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
+    eval_step = step_lib.jit_eval_step(spec, mesh, objective)
+
+    def evaluator(params):  # new held-out batches each time: the same ones
+      return evaluate(eval_step, objective, params, *inputs.held_out(), batch_sharding)
+
     try:
-      return run_steps(config, workdir, state, data_start, train_step, eval_step, batch_sharding,
-                       checkpointer, rates)
+      return run_steps(config, workdir, state, inputs.train(data_start), train_step, evaluator,
+                       batch_sharding, checkpointer, rates, keep_best, objective.frozen)
     finally:
       checkpointer.wait()
       checkpointer.close()
 
 
-def throughput_rates(config, model_cfg) -> tuple[float, float]:
+def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]:
   """(tokens per step, FLOPs per step as a fraction of the devices' peak in one second): a step
-  of s seconds then runs at tokens/s and MFU of those divided by s."""
+  of s seconds then runs at tokens/s and MFU of those divided by s. A distillation teacher adds
+  its forward pass."""
   data_cfg = config.data
   flops = flops_lib.train_flops_per_step(model_cfg, data_cfg.inputs_length,
                                          data_cfg.targets_length, batch_size=data_cfg.batch_size)
+  if teacher_cfg is not None:
+    flops += data_cfg.batch_size * flops_lib.flops_per_example(
+        teacher_cfg, data_cfg.inputs_length, data_cfg.targets_length)
   peak = flops_lib.peak_flops_per_device()[0] * jax.device_count()
   return data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length), flops / peak
 
 
-def run_steps(config, workdir, state, data_start, train_step, eval_step, batch_sharding,
-              checkpointer, rates) -> dict:
-  """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN."""
-  train_cfg, data_cfg = config.train, config.data
-  batches = pipeline.make_pipeline(data_cfg, 'train', start=data_start)
+def run_steps(config, workdir, state, batches, train_step, evaluator, batch_sharding,
+              checkpointer, rates, keep_best=None, frozen=None) -> dict:
+  """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
+
+  `batches` is the positioned training pipeline (its `state()` is saved), `evaluator(params)`
+  returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given, sees the state and
+  metrics after each evaluation (fine-tuning keeps its best checkpoint there). `frozen` goes to
+  every step (see step.py).
+  """
+  train_cfg = config.train
   start = int(state.step)
-  writer = MetricWriter(workdir)
+  writer = MetricWriter(workdir, start)
   preempted = Preempted()
   tokens_per_step, peak_fraction_per_second = rates
   local_batches = iter(batches)
   first = next(local_batches)
   compile_start = time.perf_counter()
-  train_step = train_step.lower(state, global_batch(first, batch_sharding)).compile()
+  train_step = train_step.lower(state, global_batch(first, batch_sharding), frozen).compile()
   writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
   local_batches = itertools.chain([first], local_batches)
   nonfinite = jnp.zeros((), jnp.bool_)
   pending, last, tic, step = [], {}, time.perf_counter(), start
   try:
     while step < train_cfg.steps:
-      state, metrics = train_step(state, global_batch(next(local_batches), batch_sharding))
+      state, metrics = train_step(state, global_batch(next(local_batches), batch_sharding),
+                                  frozen)
       step += 1
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
@@ -179,9 +233,9 @@ def run_steps(config, workdir, state, data_start, train_step, eval_step, batch_s
         last.update(tokens_per_s=tokens_per_step / seconds, step_seconds=seconds,
                     mfu=peak_fraction_per_second / seconds)
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
-          last.update(evaluate(eval_step, state.params,
-                               pipeline.make_pipeline(data_cfg, 'validation'),
-                               train_cfg.eval_batches, batch_sharding))
+          last.update(evaluator(state.params))
+          if keep_best:
+            keep_best(step, state, last)
         writer.write(step, last)
         if jax.process_index() == 0:
           print(console_line(step, train_cfg.steps, last, seconds), flush=True)

@@ -10,16 +10,23 @@ import jax
 
 
 class MetricWriter:
-  """Appends `{"step": .., name: value, ..}` to metrics.jsonl and the same to TensorBoard."""
+  """Appends `{"step": .., name: value, ..}` to metrics.jsonl and the same to TensorBoard.
 
-  def __init__(self, workdir: str):
+  A run resumed at `start_step` first drops the rows after it: a killed run wrote them for steps
+  that are done again now, so each step keeps one row, the one the checkpoints agree with.
+  """
+
+  def __init__(self, workdir: str, start_step: int):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
     import tensorflow as tf  # TensorBoard's event writer; TF is already loaded by the input pipeline
     self._tf = tf
     self._summary = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+    path = os.path.join(workdir, 'metrics.jsonl')
+    if os.path.exists(path):
+      drop_rows_after(path, start_step)
+    self._jsonl = open(path, 'a', encoding='utf-8')
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
@@ -36,6 +43,17 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._summary.close()
+
+
+def drop_rows_after(path: str, step: int) -> None:
+  """Rewrites metrics.jsonl without rows past `step` or a last line a kill cut short; atomically."""
+  with open(path, encoding='utf-8') as f:
+    lines = f.readlines()
+  kept = [line for line in lines if line.endswith('\n') and json.loads(line)['step'] <= step]
+  if len(kept) < len(lines):
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      f.writelines(kept)
+    os.replace(path + '.tmp', path)
 
 
 def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: float) -> str:

@@ -67,6 +67,20 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
   return StateSpec(graphdef, rest, shardings, abstract, jax.jit(init, out_shardings=shardings))
 
 
+def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params,
+                seed: int) -> TrainState:
+  """Step 0 of a run that starts from given parameters (pretrained or imported, any layout):
+  a fresh optimizer state, everything placed in `spec`'s shardings."""
+  if isinstance(params, dict):  # nested arrays, as hf.import_hf gives them: fill the run's Params
+    arrays, params = params, jax.tree.map(lambda leaf: leaf, spec.abstract.params)  # a copy
+    nnx.replace_by_pure_dict(params, arrays)
+  params = jax.device_put(params, spec.shardings.params)
+  opt_state = jax.jit(optimizer.init, out_shardings=spec.shardings.opt_state)(params)
+  return jax.device_put(TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                   opt_state=opt_state, rng=jax.random.PRNGKey(seed)),
+                        spec.shardings)
+
+
 def opt_state_shardings(optimizer, abstract_params, param_shardings, abstract_opt_state,
                         replicated: NamedSharding):
   """Each optimizer-state leaf takes the sharding of its parameter, minus any factored-out axis."""
