@@ -1,14 +1,19 @@
 # Two set-up commands, each bootstrapping its own virtualenv from nothing but Python 3.11:
 #   make demo   train t5_tiny on the bundled corpus for a few minutes on CPU, evaluate, export
 #   make test   the test suite (make test-fast skips tests marked slow)
+# and after `make demo`, `make finetune-demo`: the sentiment task from the demo model and from a
+# random init, same budget, and the naive Bayes baseline (BENCHMARKS.md has the numbers)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= runs/demo
 DEMO_STEPS ?= 200
 DEMO_BATCH ?= 16
+FT_STEPS ?= 600
+FT_FLAGS = --task=sentiment --config.train.steps=$(FT_STEPS) --config.data.batch_size=16 \
+    --config.data.targets_length=8 --config.train.eval_every=50 --config.optim.learning_rate=0.01
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo finetune-demo test test-fast bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +32,11 @@ demo: $(VENV)/.installed
 	    --config.train.steps=$(DEMO_STEPS) --config.data.batch_size=$(DEMO_BATCH) --config.train.eval_every=100
 	$(BIN)/t5lite eval --workdir=$(DEMO_DIR)
 	$(BIN)/t5lite export --workdir=$(DEMO_DIR) --out=$(DEMO_DIR)/hf
+
+finetune-demo: $(VENV)/.installed
+	$(BIN)/t5lite finetune --workdir=runs/ft_pretrained --from=$(DEMO_DIR) $(FT_FLAGS)
+	$(BIN)/t5lite finetune --workdir=runs/ft_random --from=$(DEMO_DIR) --random_init $(FT_FLAGS)
+	$(BIN)/python bench/naive_bayes_sentiment.py
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -8,6 +8,7 @@ a run is visible in one printed config and can be overridden as `--config.a.b=va
 import ast
 import dataclasses
 import importlib.util
+import json
 import os
 
 import ml_collections
@@ -19,6 +20,10 @@ T5_1_0 = dict(activation='relu', tie_embeddings=True, norm='rms', norm_position=
               position='t5_relative', use_bias=False, dropout=0.1)
 # T5 v1.1: gated-GELU FFN, untied lm head, no dropout in pretraining.
 T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0)
+# BERT (Devlin et al. 2019), also RoBERTa's and BART's layers: post-LN, GELU, learned positions,
+# biases, tied output embedding.
+BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-12,
+            position='learned', use_bias=True, tie_embeddings=True, dropout=0.1)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -31,11 +36,14 @@ def base_config() -> ml_collections.ConfigDict:
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
-  data.objective = 'span_corruption'
+  data.objective = 'span_corruption'  # span_corruption | mlm | causal_lm | prefix_lm | bart
+  # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
+  # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
+  # targets_length (inputs_length 0); prefix_lm: a decoder row of inputs_length + targets_length.
   data.inputs_length = 512  # encoder length after corruption
   data.targets_length = 114  # decoder length; random_spans_helper's value for 512 inputs
-  data.noise_density = 0.15
-  data.mean_noise_span_length = 3.0
+  data.noise_density = 0.15  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3
+  data.mean_noise_span_length = 3.0  # span_corruption's mean span; bart's Poisson lambda
   data.batch_size = 128  # global, across all processes
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
@@ -51,6 +59,12 @@ def base_config() -> ml_collections.ConfigDict:
   train.log_every = 50
   train.eval_every = 1000
   train.eval_batches = 20
+  # Distillation (Hinton et al. 2015) when teacher_workdir names a workdir with checkpoints: its
+  # latest params are a frozen teacher of the same architecture family and vocabulary.
+  train.teacher_workdir = ''
+  train.distill_alpha = 0.5  # weight of the hard-label loss; 1 - alpha weighs T^2 KL to teacher
+  train.distill_temperature = 2.0  # T: both softmaxes are taken of logits / T
+  train.distill_hidden_weight = 0.0  # cosine loss between final hidden states (same d_model)
 
   config.optim = optim = ml_collections.ConfigDict()
   optim.name = 'adafactor'  # adafactor | adamw | adamw_scaled (nanoT5)
@@ -129,3 +143,29 @@ def _parse_like(current, text: str, key: str):
   except (ValueError, SyntaxError):
     raise ValueError(
         f'config.{key}={text!r} is not a valid {type(current).__name__}') from None
+
+
+def from_workdir(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run saved in `workdir` (its config.json), read with `from_saved`."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{workdir} is not a t5lite workdir: no {path}')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return from_saved(json.load(f))
+  except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+    raise ValueError(f'{path} is not a saved t5lite config ({error})') from None
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (its workdir's config.json) over today's `base_config()`, so that
+  settings added to t5lite since the run was saved take their defaults."""
+  def merge(section: ml_collections.ConfigDict, values: dict) -> None:
+    for key, value in values.items():
+      if isinstance(value, dict) and isinstance(section.get(key), ml_collections.ConfigDict):
+        merge(section[key], value)
+      else:
+        section[key] = value
+  config = base_config()
+  merge(config, saved)
+  return config

@@ -1,0 +1,143 @@
+"""Fine-tuning on a text-to-text task, from a pretrained workdir or a Hugging Face T5 folder.
+
+  t5lite finetune --workdir=runs/ft --from=runs/demo --task=sentiment
+  t5lite finetune --workdir=runs/ft_random --from=runs/demo --random_init --task=sentiment
+
+The run is `loop.train` composed with three pieces: the task's packed batches (`data/tasks.py`)
+with exact match in every evaluation, the pretrained parameters under a fresh optimizer state
+at step 0, and `<workdir>/best`, a workdir of its own that keeps the checkpoint of the highest
+held-out exact match (ties: lower loss) for `t5lite eval` and `t5lite export`; the latest
+checkpoints stay in `<workdir>/checkpoints` for resuming. The model is the pretrained one: a
+structural `--config.model.*` override is refused. T5's fine-tuning settings replace the
+pretraining schedule (Raffel et al. 2020): Adafactor at a constant learning rate of
+1e-3 and dropout 0.1. `--random_init` trains the same model from a random initialisation, the
+baseline that shows what pretraining brought.
+"""
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+
+from t5lite import config as config_lib
+from t5lite.data import tasks
+from t5lite.export import hf
+from t5lite.train import checkpoint as checkpoint_lib
+from t5lite.train import loop
+from t5lite.train import workdir as workdir_lib
+
+BEST = 'best'
+
+
+def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None = None,
+             random_init: bool = False, task: str | None = None, inputs_key: str = 'input',
+             targets_key: str = 'target', overrides: list[str] = ()) -> dict:
+  """Fine-tunes `pretrained` (a workdir) or `hf_dir` on `task` to `train.steps`; returns the last
+  logged metrics and the best step. Without either, resumes the workdir's run with its config."""
+  if pretrained is None and hf_dir is None and has_checkpoint(workdir):
+    config, init_params = config_lib.from_workdir(workdir), None
+    config_lib.override(config, list(overrides))
+  else:
+    if not task:
+      raise ValueError(f'give --task ({tasks.SENTIMENT} or a .tsv/.jsonl file of input and '
+                       'target texts)')
+    base, init_params = pretrained_start(pretrained, hf_dir)
+    config = finetune_config(base, task, inputs_key, targets_key, list(overrides))
+    init_params = None if random_init else init_params
+  return run(workdir, config, init_params)
+
+
+def has_checkpoint(workdir: str) -> bool:
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
+                    targets_key: str, overrides: list[str]) -> ml_collections.ConfigDict:
+  """The pretrained run's config with T5's fine-tuning settings, the task and `overrides`."""
+  config = ml_collections.ConfigDict(base.to_dict())
+  config.model.dropout = 0.1
+  config.optim.update(name='adafactor', schedule='constant', learning_rate=1e-3)
+  config.data.update(validation_fraction=0.1)  # held out of a task file, by input hash
+  config.data.task = task  # 'sentiment' or a .tsv/.jsonl file of (input, target) texts
+  config.data.inputs_key = inputs_key  # the task file's column / JSON key of the input text
+  config.data.targets_key = targets_key  # ... and of the target text
+  config.train.update(steps=1000, eval_every=100)
+  config.checkpoint.update(every_steps=100)
+  config_lib.override(config, overrides)
+  diffs = loop.structural_diffs(base.model.to_dict(), config.model.to_dict())
+  if diffs:
+    raise ValueError(f'fine-tuning keeps the pretrained model, but the overrides change it '
+                     f'({", ".join(diffs)}); drop those --config.model settings')
+  config_lib.model_config(config)  # one line for a bad model setting, before anything runs
+  return config
+
+
+def pretrained_start(pretrained: str | None, hf_dir: str | None):
+  """(the pretrained run's config, a function returning its parameters) of --from or --hf."""
+  if (pretrained is None) == (hf_dir is None):
+    raise ValueError('give one of --from=PRETRAINED_WORKDIR or --hf=HF_FOLDER')
+  if hf_dir is not None:
+    model_cfg, params = hf.import_hf(hf_dir)
+    config = config_lib.base_config()
+    config.model.update(dataclasses.asdict(model_cfg))
+    vocab = os.path.join(hf_dir, 'spiece.model')  # T5 folders ship their SentencePiece model
+    if os.path.isfile(vocab):
+      config.data.vocabulary = vocab
+    return config, lambda: params
+  config = config_lib.from_workdir(pretrained)
+  return config, lambda: workdir_lib.restore_params(config, pretrained)[2]
+
+
+def task_inputs(config: ml_collections.ConfigDict) -> loop.Inputs:
+  """The task's training batches and all its held-out ones, with exact match."""
+  data, index, count = config.data, jax.process_index(), jax.process_count()
+  held_out = tasks.validation_batches(tasks.load_split(data, 'validation'), data.batch_size,
+                                      index, count)
+  return loop.Inputs(
+      train=lambda start: tasks.TaskPipeline(tasks.load_split(data, 'train'), data.batch_size,
+                                             index, count, start),
+      held_out=lambda: (iter(held_out), len(held_out)),
+      exact_match=True)
+
+
+def run(workdir: str, config: ml_collections.ConfigDict, init_params) -> dict:
+  """`loop.train` on the task of `config`, keeping the best checkpoint in `<workdir>/best`."""
+  inputs = task_inputs(config)  # a bad task file fails here, before the workdir is touched
+  best = KeepBest(os.path.join(workdir, BEST), config)
+  try:
+    last = loop.train(config, workdir, inputs=inputs, init_params=init_params, keep_best=best)
+  finally:
+    best_step = best.close()
+  return dict(last, best_step=best_step)
+
+
+class KeepBest:
+  """`<workdir>/best`, a workdir holding the one checkpoint of highest held-out exact match
+  (ties: lower loss). Opened at the first evaluation: a run refused before it changes nothing."""
+
+  def __init__(self, directory: str, config: ml_collections.ConfigDict):
+    self.directory, self.config, self.checkpointer = directory, config, None
+
+  def __call__(self, step: int, state, metrics: dict) -> None:
+    if self.checkpointer is None:
+      loop.prepare_workdir(self.directory, self.config)
+      keep_one = dict(self.config.checkpoint.to_dict(), keep=1, keep_period=0)
+      self.checkpointer = checkpoint_lib.Checkpointer(
+          self.directory, ml_collections.ConfigDict(keep_one), best_fn=best_score)
+    scores = {k: metrics[k] for k in ('eval_exact_match', 'eval_loss')}
+    self.checkpointer.save(step, state, {}, self.config.to_dict(), metrics=scores)
+
+  def close(self) -> int | None:
+    """Waits for the last save; the best step, if this run evaluated."""
+    if self.checkpointer is None:
+      return None
+    self.checkpointer.wait()
+    step = self.checkpointer.manager.best_step()
+    self.checkpointer.close()
+    return step
+
+
+def best_score(metrics: dict) -> tuple[float, float]:
+  return metrics['eval_exact_match'], -metrics['eval_loss']
