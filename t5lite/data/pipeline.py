@@ -102,7 +102,7 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
   if process_index is None or process_count is None:
     import jax  # only to ask who we are; the pipeline itself never touches JAX
     process_index, process_count = jax.process_index(), jax.process_count()
-  per_process = _per_process_batch(data.batch_size, process_index, process_count)
+  per_process = per_process_batch(data.batch_size, process_index, process_count)
   objective = _objective(data)
   raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
@@ -123,7 +123,8 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
   return Pipeline(_model_features(batches, objective.features, data.get('threads', 0)), position)
 
 
-def _per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
+def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
+  """Rows of each global batch that one process feeds; one line if the processes cannot share it."""
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
   if batch_size < 1 or batch_size % process_count:

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from t5lite.data import packing
+from t5lite.data import pipeline
 from t5lite.data import sources
 from t5lite.data import vocabulary
 
@@ -203,10 +204,7 @@ def load_split(data: ml_collections.ConfigDict, split: str) -> Task:
 
 def process_share(batch_size: int, process_index: int, process_count: int) -> slice:
   """The rows of each global batch that one process feeds: 8 rows, process 1 of 2 -> [4:8]."""
-  if batch_size < 1 or batch_size % process_count:
-    raise ValueError(f'data.batch_size={batch_size} must be a positive multiple of the '
-                     f'{process_count} processes')
-  rows = batch_size // process_count
+  rows = pipeline.per_process_batch(batch_size, process_index, process_count)
   return slice(process_index * rows, (process_index + 1) * rows)
 
 
