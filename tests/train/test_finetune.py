@@ -8,16 +8,9 @@ import pytest
 
 from t5lite import cli
 from t5lite.train import losses
+from test_loop import SMALL
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# t5_tiny shrunk to seconds per run: 1+1 layers of width 64, 32 input / 8 target tokens.
-TINY = ['--config=' + os.path.join(ROOT, 'configs', 't5_tiny.py'),
-        '--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
-        '--config.model.d_kv=32', '--config.model.num_encoder_layers=1',
-        '--config.model.num_decoder_layers=1', '--config.data.batch_size=8',
-        '--config.data.inputs_length=32', '--config.data.targets_length=8',
-        '--config.train.steps=2', '--config.train.eval_every=0',
-        '--config.checkpoint.async_save=false']  # mesh.data=-1: all 8 fake devices
+TINY = [*SMALL, '--config.train.steps=2']  # t5_tiny shrunk to seconds per run, 8 fake devices
 WORDS = 'the sea ship captain mind letter house sister ball dance carriage nation people'.split()
 
 
