@@ -120,7 +120,3 @@ def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):
   assert cli.main(['export', f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}']) == 2
   error = capsys.readouterr().err.strip().splitlines()
   assert len(error) == 1 and 'arch=electra' in error[0], error
-  with capsys.disabled():
-    print(f'\nelectra: loss {loss[0]:.2f} -> {loss[-1]:.2f}, mlm {mlm[0]:.3f} -> {mlm[-1]:.3f}, '
-          f'discriminator accuracy {rows[0]["accuracy"]:.3f} -> {rows[-1]["accuracy"]:.3f}, '
-          f'eval {evaluated}')
