@@ -8,6 +8,7 @@ how a run saved on one mesh resumes on another.
 
 import os
 
+import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -54,10 +55,37 @@ class Checkpointer:
     return self._restore(step, config=ocp.args.JsonRestore())['config']
 
   def restore(self, step: int, abstract_state):
-    """(state, data position) at `step`, placed by the shardings on `abstract_state`'s leaves."""
+    """(state, data position) at `step`, placed by the shardings on `abstract_state`'s leaves.
+
+    A saved state of other shapes (an optimizer state saved by an older t5lite, before Adafactor
+    factored attention kernels as T5 does, or by another optimizer) is refused in one line first:
+    orbax would fail inside its readers.
+    """
+    saved = self._saved_shapes(step)
+    if saved is not None and saved != sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state)):
+      raise ValueError(
+          f'checkpoint {self.directory}/{step} holds a train state of another layout than this '
+          "run's (e.g. an optimizer state saved by an older t5lite or by another optimizer); "
+          'eval, export, infer and finetune --from still read its parameters; to train on, '
+          'start a new workdir from them (t5lite export, then import-hf)')
     restored = self._restore(step, state=ocp.args.StandardRestore(abstract_state),
                              data=ocp.args.JsonRestore())
     return restored['state'], restored['data']
+
+  def _saved_shapes(self, step: int) -> list[tuple] | None:
+    """The shapes of every array of the saved train state, sorted; None if they cannot be read
+    (a damaged checkpoint: restoring it says so)."""
+    reader = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            read_only=True, create=False, save_interval_steps=0),
+        item_handlers={'state': ocp.StandardCheckpointHandler(),
+                       'data': ocp.JsonCheckpointHandler(), 'config': ocp.JsonCheckpointHandler()})
+    try:
+      return sorted(tuple(x.shape) for x in jax.tree.leaves(reader.item_metadata(step)['state']))
+    except Exception:  # pylint: disable=broad-except
+      return None
+    finally:
+      reader.close()
 
   def restore_params(self, step: int, abstract_params):
     """The train state's parameters alone (a distillation teacher's): the optimizer state is

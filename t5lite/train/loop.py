@@ -5,6 +5,7 @@ the loop waits on the device except at log, eval and save points: metrics stay o
 a log interval ends, and the NaN check is a device-side flag read at those points.
 """
 
+import dataclasses
 import itertools
 import json
 import os
@@ -24,6 +25,7 @@ from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
 from t5lite.data import pipeline
+from t5lite.models.config import ModelConfig
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
@@ -78,7 +80,9 @@ def check_same_model(checkpointer, step: int, config: ml_collections.ConfigDict)
 
 
 def structural_diffs(saved: dict, model: dict) -> list[str]:
-  """'d_ff 128 vs 256' for each STRUCTURAL setting where `model` differs from `saved`."""
+  """'d_ff 128 vs 256' for each STRUCTURAL setting where `model` differs from `saved`; a setting
+  an older run did not save has today's default."""
+  saved = {**dataclasses.asdict(ModelConfig()), **saved}
   return [f'{k} {saved.get(k)} vs {v}' for k, v in model.items()
           if k in STRUCTURAL and saved.get(k) != v]
 
@@ -86,7 +90,8 @@ def structural_diffs(saved: dict, model: dict) -> list[str]:
 # Model settings that change parameter shapes: a checkpoint cannot move across them.
 STRUCTURAL = ('arch', 'vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_encoder_layers',
               'num_decoder_layers', 'activation', 'position', 'relative_buckets',
-              'tie_embeddings', 'use_bias', 'norm', 'scan_layers', 'max_length')
+              'tie_embeddings', 'embed_norm', 'next_sentence', 'use_bias', 'norm', 'scan_layers',
+              'max_length')
 
 
 def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
@@ -112,7 +117,8 @@ def setup(config: ml_collections.ConfigDict):
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh,
                               microbatches=config.train.microbatches)
-  optimizer = optim.make_optimizer(config.optim, config.train.steps)
+  optimizer = optim.make_optimizer(config.optim, config.train.steps,
+                                   logical_axes=state_lib.param_axes(model_cfg))
   schedule = optim.make_schedule(config.optim, config.train.steps)
   rules = mesh_lib.DEFAULT_RULES
   return model_cfg, mesh, rules, optimizer, schedule

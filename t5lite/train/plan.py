@@ -313,7 +313,8 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
             'mesh': dict(mesh.shape), 'remat_policy': model_cfg.remat_policy,
             'scan_layers': model_cfg.scan_layers,
             **speed(model_cfg, config.data, topo, devices, mfu)}
-  optimizer = optim.make_optimizer(config.optim, config.train.steps)
+  optimizer = optim.make_optimizer(config.optim, config.train.steps,
+                                   logical_axes=state_lib.param_axes(model_cfg))
   schedule = optim.make_schedule(config.optim, config.train.steps)
   # Outside jax.set_mesh: building the state spec runs small eager ops, which compile-only
   # devices cannot run.

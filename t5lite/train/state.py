@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from t5lite import models
 from t5lite.models.config import ModelConfig
 from t5lite.train import mesh as mesh_lib
+from t5lite.train import optim
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -41,6 +42,16 @@ def _split(model_cfg: ModelConfig, seed: int):
   return nnx.split(models.build(model_cfg, nnx.Rngs(seed)), nnx.Param, ...)
 
 
+def _abstract_model(model_cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+  return nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(seed)))
+
+
+def param_axes(model_cfg: ModelConfig) -> nnx.State:
+  """Each parameter's logical axis names, from shapes alone: what `optim.make_optimizer` needs to
+  factor Adafactor's statistics as T5 does, before `state_spec` is built."""
+  return models.logical_axes(_abstract_model(model_cfg))
+
+
 def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, seed: int,
                mesh, rules) -> StateSpec:
   def init() -> TrainState:
@@ -48,16 +59,17 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=optimizer.init(params), rng=jax.random.PRNGKey(seed))
 
-  abstract_model = nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(seed)))
+  abstract_model = _abstract_model(model_cfg, seed)
   graphdef, _, _ = nnx.split(abstract_model, nnx.Param, ...)
   abstract = jax.eval_shape(init)
   replicated = NamedSharding(mesh, PartitionSpec())
+  axes = models.logical_axes(abstract_model)
   param_shardings = mesh_lib.logical_to_sharding(
-      models.logical_axes(abstract_model), mesh, rules, shapes=nnx.state(abstract_model, nnx.Param))
+      axes, mesh, rules, shapes=nnx.state(abstract_model, nnx.Param))
   shardings = TrainState(
       step=replicated, params=param_shardings, rng=replicated,
       opt_state=opt_state_shardings(optimizer, abstract.params, param_shardings,
-                                    abstract.opt_state, replicated))
+                                    abstract.opt_state, replicated, axes))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
   # Only the RNG streams survive dead-code elimination: no parameter is computed here. Made on
@@ -82,16 +94,28 @@ def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params
 
 
 def opt_state_shardings(optimizer, abstract_params, param_shardings, abstract_opt_state,
-                        replicated: NamedSharding):
-  """Each optimizer-state leaf takes the sharding of its parameter, minus any factored-out axis."""
-  def follow(leaf, param, sharding):
+                        replicated: NamedSharding, logical_axes=None):
+  """Each optimizer-state leaf takes the sharding of its parameter, minus any factored-out axis.
+
+  With `logical_axes`, a leaf may also have the shape of the param's Adafactor view
+  (`optim.view_shape`) or that minus an axis: a view dim made of several param dims is replicated.
+  """
+  def follow(leaf, param, sharding, axes=()):
     if leaf.shape == param.shape:
       return sharding
     spec = tuple(sharding.spec) + (None,) * (len(param.shape) - len(sharding.spec))
-    for dropped in reversed(range(len(param.shape))):  # Adafactor: v_row drops -1, v_col -2
-      if param.shape[:dropped] + param.shape[dropped + 1:] == leaf.shape:
-        return NamedSharding(sharding.mesh, PartitionSpec(*spec[:dropped], *spec[dropped + 1:]))
+    view_spec = tuple(spec[dims[0]] if len(dims) == 1 else None
+                      for dims in optim.view_dims(axes, len(param.shape)))
+    for shape, dims in ((param.shape, spec), (optim.view_shape(param.shape, axes), view_spec)):
+      if leaf.shape == shape:
+        return NamedSharding(sharding.mesh, PartitionSpec(*dims))
+      # Adafactor's v_row and v_col drop a dim; a square's, which could drop either, stay whole.
+      kept = {dims[:i] + dims[i + 1:] for i in range(len(shape))
+              if shape[:i] + shape[i + 1:] == leaf.shape}
+      if len(kept) == 1:
+        return NamedSharding(sharding.mesh, PartitionSpec(*kept.pop()))
     return replicated
 
-  return optax.tree_map_params(optimizer, follow, abstract_opt_state, abstract_params,
-                               param_shardings, transform_non_params=lambda _: replicated)
+  trees = (abstract_params, param_shardings) + (() if logical_axes is None else (logical_axes,))
+  return optax.tree_map_params(optimizer, follow, abstract_opt_state, *trees,
+                               transform_non_params=lambda _: replicated)

@@ -1,8 +1,9 @@
 """What a finished or running workdir is used for: evaluate it, decode with it (`t5lite infer`),
 export it, or start one from HF.
 
-All go through `restore_params`, which rebuilds the run's state layout from its config and
-reads one checkpoint into it, on whatever devices this process has.
+All go through `restore_params`, which rebuilds the run's parameter layout from its config and
+reads the parameters of one checkpoint into it (never the optimizer state), on whatever devices
+this process has.
 """
 
 import dataclasses
@@ -39,9 +40,9 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | 
   loop.check_same_model(checkpointer, step, config)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
-    state, _ = checkpointer.restore(step, spec.abstract)
+    params = checkpointer.restore_params(step, spec.abstract.params)
   checkpointer.close()
-  return step, spec, state.params, mesh, rules
+  return step, spec, params, mesh, rules
 
 
 def evaluate_workdir(config, workdir: str, data: str | None = None,

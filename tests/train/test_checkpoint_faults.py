@@ -301,6 +301,19 @@ def test_resuming_another_model_shape_changes_nothing(trained_222, tmp_path, cap
   assert snapshot(workdir) == before  # config.json included: it keeps the checkpoints' model
 
 
+def test_resuming_another_optimizer_state_layout_changes_nothing(trained_222, tmp_path, capsys):
+  """An Adafactor state resumed as AdamW's (as a state saved by an older t5lite, before Adafactor
+  factored attention kernels): one line before orbax reads anything; its parameters still serve."""
+  workdir = copy_until(trained_222, 3, tmp_path / 'run')
+  before = snapshot(workdir)
+  assert train(workdir, '--config.optim.name=adamw', '--config.train.steps=4') == 2
+  error = one_line_error(capsys)
+  assert f'checkpoint {workdir}/checkpoints/3 holds a train state of another layout' in error
+  assert snapshot(workdir) == before
+  assert cli.main(['eval', f'--workdir={workdir}', '--num_batches=1',
+                   '--config.optim.name=adamw']) == 0
+
+
 @contextlib.contextmanager
 def acting_as(user):
   """Root ignores file modes: a root test acts meanwhile as `user`, for whom they hold."""

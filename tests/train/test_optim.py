@@ -1,4 +1,5 @@
-"""Schedules at known steps, Adafactor's factored state, nanoT5's AdamWScale against numpy."""
+"""Schedules at known steps, Adafactor's factored state (T5's attention views included),
+nanoT5's AdamWScale against numpy."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +7,15 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from t5lite import config as config_lib
+from t5lite import models
 from t5lite.config import base_config
+from t5lite.train import mesh as mesh_lib
 from t5lite.train import optim
+from t5lite.train import state as state_lib
 
 
 def optim_cfg(**changes) -> ml_collections.ConfigDict:
@@ -64,6 +71,132 @@ def test_adafactor_factors_only_large_matrices():
   # Vectors and matrices with a dim under 128 keep the full second moment.
   assert [shapes[n]['scale'] for n in ('v_row', 'v_col', 'v')] == [(1,), (1,), (64,)]
   assert shapes['v']['small'] == (64, 1024)
+
+
+def stat_shapes(state) -> dict:
+  return {name: jax.tree.map(jnp.shape, optax.tree_utils.tree_get(state, name))
+          for name in ('v_row', 'v_col', 'v')}
+
+
+# Attention kernels of d_model 256 with 4 heads of 64, and their logical axes.
+ATTENTION = {'q': ((256, 4, 64), P('embed', 'heads', 'kv')),
+             'o': ((4, 64, 256), P('heads', 'kv', 'embed'))}
+
+
+def test_adafactor_factors_attention_kernels_over_d_model_by_heads_times_kv():
+  params = {name: jnp.zeros(shape) for name, (shape, _) in ATTENTION.items()}
+  axes = {name: spec for name, (_, spec) in ATTENTION.items()}
+  t5 = stat_shapes(optim.make_optimizer(optim_cfg(), 100, logical_axes=axes).init(params))
+  plain = stat_shapes(optim.make_optimizer(optim_cfg(), 100).init(params))
+  # 256 + 256 statistics (and a 1-float placeholder) instead of a 65,536-float second moment.
+  assert [t5[n]['q'] for n in ('v_row', 'v_col', 'v')] == [(256,), (256,), (1,)]
+  assert [t5[n]['o'] for n in ('v_row', 'v_col', 'v')] == [(256,), (256,), (1,)]
+  assert plain['v'] == {'q': (256, 4, 64), 'o': (4, 64, 256)}
+
+
+def test_adafactor_on_the_view_is_optax_adafactor_on_the_reshaped_matrix():
+  rng = np.random.default_rng(0)
+  params = {name: jnp.asarray(rng.normal(size=shape), jnp.float32)
+            for name, (shape, _) in ATTENTION.items()}
+  axes = {name: spec for name, (_, spec) in ATTENTION.items()}
+  t5 = optim.make_optimizer(optim_cfg(), 100, logical_axes=axes)
+  plain = optim.make_optimizer(optim_cfg(), 100)  # optax.adafactor, after global-norm clipping
+  matrices = jax.tree.map(lambda x: x.reshape(256, 256), params)
+  t5_state, matrix_state, plain_state = t5.init(params), plain.init(matrices), plain.init(params)
+  for _ in range(3):
+    grads = {name: jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+             for name, x in params.items()}
+    got, t5_state = t5.update(grads, t5_state, params)
+    want, matrix_state = plain.update(jax.tree.map(lambda g: g.reshape(256, 256), grads),
+                                      matrix_state, matrices)
+    unfactored, plain_state = plain.update(grads, plain_state, params)
+    for name, x in params.items():
+      assert got[name].shape == x.shape
+      assert np.abs(got[name] - want[name].reshape(x.shape)).max() < 1e-6
+      # Without views optax keeps a full second moment: a visibly different update (~3e-2).
+      assert np.abs(got[name] - unfactored[name]).max() > 1e-3
+
+
+def test_scanned_attention_kernels_are_factored_layer_by_layer():
+  layers, rng = 3, np.random.default_rng(1)
+  param = jnp.asarray(rng.normal(size=(layers, 256, 4, 64)), jnp.float32)
+  axes = P('layers', 'embed', 'heads', 'kv')
+  state = optim.make_optimizer(optim_cfg(), 100, logical_axes=[axes]).init([param])
+  assert [stat_shapes(state)[n][0] for n in ('v_row', 'v_col', 'v')] == [
+      (layers, 256), (layers, 256), (1,)]
+  # The factored second moment alone, on the stack and on each layer's (256, 256) matrix.
+  stacked = optim.factor_like_t5(optax.scale_by_factored_rms(), [axes])
+  stacked_state = stacked.init([param])
+  per_layer = optax.scale_by_factored_rms()
+  layer_states = [per_layer.init(param[i].reshape(256, 256)) for i in range(layers)]
+  for _ in range(2):
+    grad = jnp.asarray(rng.normal(size=param.shape), jnp.float32)
+    [got], stacked_state = stacked.update([grad], stacked_state, [param])
+    for i in range(layers):
+      want, layer_states[i] = per_layer.update(grad[i].reshape(256, 256), layer_states[i],
+                                               param[i].reshape(256, 256))
+      assert np.abs(got[i] - want.reshape(256, 4, 64)).max() < 1e-6
+      for name in ('v_row', 'v_col'):
+        np.testing.assert_allclose(getattr(stacked_state, name)[0][i],
+                                   getattr(layer_states[i], name), rtol=1e-6)
+  # Small layers are not factored, like each of them alone; 'layers' is never factored over.
+  small = jax.ShapeDtypeStruct((layers, 16, 4, 8), jnp.float32)
+  assert jax.eval_shape(stacked.init, [small]).v[0].shape == (layers, 16, 32)
+  with pytest.raises(ValueError, match=r'factor a scanned \(300, 256, 2, 64\) parameter over'):
+    jax.eval_shape(stacked.init, [jax.ShapeDtypeStruct((300, 256, 2, 64), jnp.float32)])
+
+
+def test_t5_1_1_base_optimizer_state_before_and_after_views():
+  config = config_lib.load('configs/t5_1_1_base.py')  # unrolled layers
+  model_cfg = config_lib.model_config(config)
+  params = nnx.state(nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(0))), nnx.Param)
+
+  def floats(logical_axes) -> int:
+    tx = optim.make_optimizer(config.optim, 100, logical_axes=logical_axes)
+    state = jax.eval_shape(tx.init, params)
+    return sum(x.size for x in jax.tree.leaves(state) if x.dtype == jnp.float32)
+
+  # Each parameter holds v_row, v_col and v; the unused ones are 1-float placeholders.
+  # Factored (rows + cols + 1): embedding and lm head 32128 + 768 + 1 = 32,897 each; attention
+  # q/k/v/o views 768 + 768 + 1 = 1,537; wi_0, wi_1, wo 768 + 2048 + 1 = 2,817.
+  # Unfactored (1 + 1 + size): norms 770, relative position tables (32, 12) 386.
+  # Encoder layer: 2 norms + 4 attention + 3 MLP = 1,540 + 6,148 + 8,451 = 16,139;
+  # decoder layer: 3 norms + 8 attention + 3 MLP = 2,310 + 12,296 + 8,451 = 23,057.
+  # 2 * 32,897 + 12 * (16,139 + 23,057) + 2 * (770 + 386) = 65,794 + 470,352 + 2,312 = 538,458.
+  assert floats(state_lib.param_axes(model_cfg)) == 538_458  # 2.15 MB of float32
+  # Without views the 144 attention kernels keep 768 * 768 + 2 floats instead of 1,537:
+  # 538,458 + 144 * (589,826 - 1,537) = 85,252,074 (341 MB).
+  assert floats(None) == 85_252_074
+
+
+def test_view_statistics_follow_the_kept_param_dims():
+  mesh = mesh_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, tensor=2)),
+                            jax.devices()[:8])
+  params = {'q': jax.ShapeDtypeStruct((256, 4, 32), jnp.float32),
+            'wi': jax.ShapeDtypeStruct((256, 1024), jnp.float32),
+            'square': jax.ShapeDtypeStruct((256, 4, 64), jnp.float32)}
+  axes = {'q': P('embed', 'heads', 'kv'), 'wi': P('embed', 'mlp'),
+          'square': P('embed', 'heads', 'kv')}
+  param_shardings = mesh_lib.logical_to_sharding(axes, mesh, shapes=params)
+  replicated = jax.sharding.NamedSharding(mesh, P())
+
+  def specs(name, logical_axes):
+    tx = optim.make_optimizer(optim_cfg(name=name), 100, logical_axes=logical_axes)
+    shardings = state_lib.opt_state_shardings(tx, params, param_shardings,
+                                              jax.eval_shape(tx.init, params), replicated,
+                                              logical_axes)
+    return jax.tree.map(lambda s: s.spec, shardings)
+
+  t5 = {n: optax.tree_utils.tree_get(specs('adafactor', axes), n) for n in ('v_row', 'v_col')}
+  # q's view is (256, 128): optax's v_row keeps the second largest dim, heads * kv, made of two
+  # param dims (heads on tensor): replicated; v_col keeps d_model, on fsdp like the param's.
+  assert (t5['v_row']['q'], t5['v_col']['q']) == (P(None), P('fsdp'))
+  assert (t5['v_row']['wi'], t5['v_col']['wi']) == (P('fsdp'), P('tensor'))
+  # A square view's rows and columns have the same shape, so either could be which: replicated.
+  assert (t5['v_row']['square'], t5['v_col']['square']) == (P(), P())
+  assert optax.tree_utils.tree_get(specs('adamw', axes), 'mu') == {
+      'q': P('fsdp', 'tensor', None), 'wi': P('fsdp', 'tensor'),
+      'square': P('fsdp', 'tensor', None)}
 
 
 @pytest.mark.parametrize('name, lr', [('adafactor', 0.1), ('adamw', 0.05), ('adamw_scaled', 0.1)])

@@ -113,8 +113,10 @@ def test_t5_1_1_xxl_fits_a_16_gib_v5e_chip_only_when_sharded():
   # Every large kernel splits its d_model dimension 256 ways; only the tiny relative position
   # tables stay whole.
   assert total_bytes / 256 <= sharded['analytic']['params'] < 1.001 * total_bytes / 256
-  # Adafactor's factored rows or columns that drop the d_model axis stay whole on every device.
-  assert sharded['analytic']['opt_state'] < replicated['analytic']['opt_state'] / 200
+  # Adafactor factors every kernel, attention's over its (d_model, heads * d_kv) view as T5
+  # does: 20 MB of statistics for 11B parameters (19 GB before, with full second moments for
+  # the attention kernels); sharding them saves little more.
+  assert sharded['analytic']['opt_state'] < replicated['analytic']['opt_state'] < 25e6
   assert sharded['fits'] and sharded['memory_per_device'] < 16 * GiB
 
 
