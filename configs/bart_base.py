@@ -4,8 +4,7 @@ positions; text infilling and sentence permutation.
 139.4M parameters (published: 140M) with BART's BPE vocabulary size, 50,265, padded to 50,304 (a
 multiple of 128); the data still comes through `data.vocabulary`. Sentences of each chunk shuffled
 (split after '.', '!', '?'), then 30% of tokens masked in spans of Poisson(3) lengths, each span one
-<extra_id_0> (empty spans insert one); the decoder reconstructs the original chunk. Left out: the
-embedding LayerNorms.
+<extra_id_0> (empty spans insert one); the decoder reconstructs the original chunk.
 
   t5lite train --config=configs/bart_base.py --workdir=runs/bart_base
 """

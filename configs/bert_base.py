@@ -1,11 +1,14 @@
-"""BERT base (Devlin et al. 2019): encoder-only, post-LN, GELU, learned positions; masked LM.
+"""BERT base (Devlin et al. 2019): encoder-only, post-LN, GELU, learned positions; masked LM and
+next-sentence prediction.
 
-108.9M parameters (published: 110M) with BERT's vocabulary size, 30,522, padded to 30,592 (a
-multiple of 128, as T5 pads); the data still comes through `data.vocabulary` (the bundled 8,100-id
-one uses only the first rows; train a matching one with `t5lite tokenizer`). 15% of tokens selected,
-80% <extra_id_0> as [MASK] / 10% random / 10% kept, a new mask every epoch. Left out: next-sentence
-prediction (and with it [CLS], [SEP] and token-type embeddings), the embedding LayerNorm and the MLM
-head's transform layer.
+109.5M parameters (published: 110M) with BERT's vocabulary size, 30,522, padded to 30,592 (a
+multiple of 128); the data still comes through `data.vocabulary` (the bundled 8,100-id one uses
+only the first rows; train a matching one with `t5lite tokenizer`). Each row is
+[CLS] A [SEP] B [SEP] (<extra_id_1> and <extra_id_2> stand for [CLS] and [SEP]), B the text after
+A or text from elsewhere, half and half, with token-type embeddings for A and B; 15% of A and B
+selected, 80% <extra_id_0> as [MASK] / 10% random / 10% kept, a new mask every epoch. Left out:
+the MLM head's transform layer. Without next-sentence prediction (as RoBERTa):
+`--config.model.next_sentence=False --config.data.objective=mlm`.
 
   t5lite train --config=configs/bert_base.py --workdir=runs/bert_base
 """
@@ -25,8 +28,9 @@ def get_config():
       d_kv=64,
       num_encoder_layers=12,
       num_decoder_layers=0,
-      max_length=512)
-  config.data.update(objective='mlm', inputs_length=512, targets_length=0, batch_size=256,
+      max_length=512,
+      next_sentence=True)
+  config.data.update(objective='mlm_nsp', inputs_length=512, targets_length=0, batch_size=256,
                      noise_density=0.15)
   config.train.update(steps=1_000_000)
   # Adam, lr 1e-4, 10k warmup steps, weight decay 0.01 (the paper decays linearly, not cosine)

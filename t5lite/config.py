@@ -21,9 +21,9 @@ T5_1_0 = dict(activation='relu', tie_embeddings=True, norm='rms', norm_position=
 # T5 v1.1: gated-GELU FFN, untied lm head, no dropout in pretraining.
 T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0)
 # BERT (Devlin et al. 2019), also RoBERTa's and BART's layers: post-LN, GELU, learned positions,
-# biases, tied output embedding.
+# LayerNorm over the embeddings, biases, tied output embedding.
 BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-12,
-            position='learned', use_bias=True, tie_embeddings=True, dropout=0.1)
+            position='learned', embed_norm=True, use_bias=True, tie_embeddings=True, dropout=0.1)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -36,7 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
-  data.objective = 'span_corruption'  # span_corruption | mlm | causal_lm | prefix_lm | bart
+  data.objective = 'span_corruption'  # span_corruption|mlm|mlm_nsp|causal_lm|prefix_lm|bart
   # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
   # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
   # targets_length (inputs_length 0); prefix_lm: a decoder row of inputs_length + targets_length.

@@ -8,12 +8,14 @@ the stream, so a chunk seen again in a later epoch is corrupted anew (dynamic ma
 
 - `span_corruption` (T5; Raffel et al. 2020, section 3.1.4), named as `t5.data.preprocessors`.
 - `mlm` (BERT, RoBERTa; the inputs of ELECTRA): 15% of tokens selected, 80/10/10.
+- `mlm_nsp` (BERT with next-sentence prediction): [CLS] A [SEP] B [SEP], B the text after A
+  or from elsewhere, half and half; MLM over A and B.
 - `causal_lm` (GPT) and `prefix_lm` (T5's prefix LM for a decoder-only model).
 - `bart` (Lewis et al. 2020): sentence permutation, then text infilling with Poisson(3) spans.
 
-The vocabulary has no [MASK] piece: MLM and BART use `<extra_id_0>` (vocab_size - 1), so any
-T5 vocabulary serves. There is no [CLS]/[SEP]: next-sentence prediction is left out, as RoBERTa
-found it does not help.
+The vocabulary has no [MASK], [CLS] or [SEP] piece: MLM and BART mask with `<extra_id_0>`
+(vocab_size - 1) and next-sentence prediction marks with `<extra_id_1>` as [CLS] and
+`<extra_id_2>` as [SEP], so any T5 vocabulary serves.
 
 Span corruption of one example, 10 tokens, noise spans [C D] and [I J] (T5's masks start with
 non-noise and end with noise):
@@ -174,6 +176,56 @@ def mlm(dataset: tf.data.Dataset, mask_id: int, num_pieces: int, noise_density: 
     return {'inputs': inputs, 'targets': targets}
 
   return _map(dataset, mask)
+
+
+def mlm_nsp(dataset: tf.data.Dataset, cls_id: int, sep_id: int, mask_id: int, num_pieces: int,
+            sentence_end_ids, noise_density: float = 0.15) -> tf.data.Dataset:
+  """BERT's pretraining pairs: {'targets': n raw tokens, 'other': n tokens from elsewhere,
+  'seed'} -> {'inputs', 'targets', 'token_types'} of n + 3 tokens, and 'next_sentence': 0 if B
+  follows A, 1 if B is random, each half the time.
+
+  A is the chunk up to a sentence end chosen uniformly (a random cut if there is none); B is the
+  rest of the chunk, or as many tokens of `other` from its first sentence start (its first token
+  if that leaves too few). `bert_mask` masks A and B together; [CLS] and [SEP] are never masked.
+    targets A1 A2 . B1 B2,  other X . Y1 Y2 Y3
+    next    ->  inputs [CLS] A1 A2 . [SEP] B1 B2 [SEP]   token_types 0 0 0 0 0 1 1 1
+    random  ->  inputs [CLS] A1 A2 . [SEP] Y1 Y2 [SEP]   token_types 0 0 0 0 0 1 1 1
+  """
+  ends = tf.constant(sentence_end_ids, tf.int32, shape=[len(sentence_end_ids)])
+
+  def sentence_starts(tokens):
+    """Positions 1..n-1 that follow a sentence end."""
+    is_end = tf.reduce_any(tokens[:-1, None] == ends[None, :], axis=1)  # (n - 1,)
+    return tf.cast(tf.where(is_end)[:, 0], tf.int32) + 1
+
+  def pair(example):
+    tokens, other = example['targets'], example['other']
+    cut_seed, next_seed, mask_seed = tf.unstack(
+        tf.random.experimental.stateless_split(example['seed'], 3))
+    n = tf.size(tokens)
+    cuts = sentence_starts(tokens)
+    cuts = tf.cond(tf.size(cuts) > 0, lambda: cuts, lambda: tf.range(1, tf.maximum(n, 2)))
+    cut = tf.gather(cuts, tf.random.stateless_uniform([], cut_seed, 0, tf.size(cuts),
+                                                      dtype=tf.int32))
+    is_random = tf.random.stateless_uniform([], next_seed) < 0.5
+    start = tf.concat([sentence_starts(other), [0]], 0)[0]  # 0 if other has no sentence end
+    start = tf.where(tf.size(other) - start >= n - cut, start, 0)
+    second = tf.cond(is_random, lambda: other[start:start + n - cut], lambda: tokens[cut:])
+    inputs, targets = bert_mask(tf.concat([tokens[:cut], second], 0), mask_seed, mask_id,
+                                num_pieces, noise_density)
+
+    def with_specials(ids, cls, sep):
+      cls, sep = tf.constant([cls], ids.dtype), tf.constant([sep], ids.dtype)
+      return tf.concat([cls, ids[:cut], sep, ids[cut:], sep], 0)
+
+    return {
+        'inputs': with_specials(inputs, cls_id, sep_id),
+        'targets': with_specials(targets, PAD_ID, PAD_ID),
+        'token_types': tf.cast(tf.range(n + 3) > cut + 1, tokens.dtype),
+        'next_sentence': tf.cast(is_random, tokens.dtype),
+    }
+
+  return _map(dataset, pair)
 
 
 def causal_lm(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -86,12 +86,13 @@ def pad_rows(examples: dict, lengths: dict[str, int]) -> dict:
   """Each example its own row: features [..., n] padded to `lengths`, segment id 1 on tokens.
 
   The packed layout without packing, for examples that fill their rows, as span corruption's
-  do; works on one example or a batch of equally long ones.
+  do; works on one example or a batch of equally long ones. Features without a length (a
+  per-example label) pass through.
   {'inputs': [8, 9, 1], 'targets': [4, 1]}, lengths {'inputs': 4, 'targets': 3} ->
   {'inputs': [8, 9, 1, 0], 'inputs_segment_ids': [1, 1, 1, 0], 'inputs_positions': [0, 1, 2, 0],
    'targets': [4, 1, 0], 'targets_segment_ids': [1, 1, 0], 'targets_positions': [0, 1, 0]}
   """
-  rows = {}
+  rows = {key: value for key, value in examples.items() if key not in lengths}
   for key, length in lengths.items():
     tokens = examples[key][..., :length]
     padding = length - tf.shape(tokens)[-1]
@@ -157,6 +158,15 @@ def encoder_features(row: dict) -> dict:
       'encoder_positions': row['inputs_positions'],
       'encoder_loss_weights': row['targets'] != PAD_ID,
   })
+
+
+def encoder_pair_features(row: dict) -> dict:
+  """`encoder_features` plus BERT's segment A/B of each token and next-sentence label per row:
+  encoder_token_types (b, l) and next_sentence_labels (b,), 0 if B follows A, 1 if random."""
+  features = encoder_features(row)
+  features.update(_int32({'encoder_token_types': row['token_types'],
+                          'next_sentence_labels': row['next_sentence']}))
+  return features
 
 
 def prefix_lm_features(row: dict) -> dict:

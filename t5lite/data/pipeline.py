@@ -114,7 +114,7 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
     tokens = _split_tokens(data.source, data.text_key, data.vocabulary, split,
                            data.validation_fraction)
     examples = _indexed_examples(tokens, raw_length, data, per_process, process_index,
-                                 position['batch'])
+                                 position['batch'], objective.pairs)
     examples = objective.transform(examples, data, vocab)
     rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
         functools.partial(packing.pad_rows, lengths=objective.lengths(data)),
@@ -139,6 +139,9 @@ class Objective(NamedTuple):
   lengths: Callable  # data -> {feature: length} of the packed rows
   transform: Callable  # (examples, data, vocab) -> examples: the objective, from objectives.py
   features: Callable  # packed row -> model features: a seqio feature converter (packing.py)
+  # Next-sentence pairs: each chunk comes with an 'other' chunk of random text, and every
+  # example fills its own row (never packed: the label and [CLS] are the row's)
+  pairs: bool = False
 
 
 def _span_corruption_raw_length(data: ml_collections.ConfigDict) -> int:
@@ -155,6 +158,12 @@ def _mlm_raw_length(data: ml_collections.ConfigDict) -> int:
   """A chunk of inputs_length tokens, masked in place; the targets have the same length."""
   _check_unused_length(data, 'targets_length')
   return _at_least(data, 'inputs_length', 1)
+
+
+def _mlm_nsp_raw_length(data: ml_collections.ConfigDict) -> int:
+  """inputs_length less [CLS] and two [SEP]s, at least 2 (one token for each sentence)."""
+  _check_unused_length(data, 'targets_length')
+  return _at_least(data, 'inputs_length', 5) - 3
 
 
 def _causal_lm_raw_length(data: ml_collections.ConfigDict) -> int:
@@ -207,6 +216,13 @@ OBJECTIVES = {
         lambda examples, data, vocab: objectives.mlm(
             examples, vocab.sentinel_id(0), vocab.num_pieces, data.noise_density),
         packing.encoder_features),
+    'mlm_nsp': Objective(
+        _mlm_nsp_raw_length,
+        lambda data: dict.fromkeys(('inputs', 'targets', 'token_types'), data.inputs_length),
+        lambda examples, data, vocab: objectives.mlm_nsp(
+            examples, vocab.sentinel_id(1), vocab.sentinel_id(2), vocab.sentinel_id(0),
+            vocab.num_pieces, vocab.sentence_end_ids(), data.noise_density),
+        packing.encoder_pair_features, pairs=True),
     'causal_lm': Objective(
         _causal_lm_raw_length,
         lambda data: {'targets': data.targets_length},
@@ -273,8 +289,9 @@ def _split_tokens(source: str, text_key: str, vocabulary_name: str, split: str,
 
 
 def _indexed_examples(tokens: np.ndarray, raw_length: int, data, per_process: int,
-                      process_index: int, first_batch: int) -> tf.data.Dataset:
-  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}."""
+                      process_index: int, first_batch: int, pairs: bool = False) -> tf.data.Dataset:
+  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and
+  with `pairs` 'other': raw_length tokens from anywhere in the split."""
   chunks_per_epoch = len(tokens) // raw_length
   if chunks_per_epoch == 0:
     raise ValueError(f'the split has {len(tokens)} tokens, fewer than one example of '
@@ -283,6 +300,7 @@ def _indexed_examples(tokens: np.ndarray, raw_length: int, data, per_process: in
   tokens = tf.constant(tokens)
   example_key, epoch_key = tf.unstack(
       tf.random.experimental.stateless_split(tf.constant([data.seed, 0], tf.int64), 2))
+  other_key = tf.constant([data.seed, 1], tf.int64)
 
   def example(n):
     # n counts this process's examples; i is the example's place in the global stream.
@@ -293,12 +311,23 @@ def _indexed_examples(tokens: np.ndarray, raw_length: int, data, per_process: in
                                                  chunks_per_epoch - 1)
     offset = tf.random.stateless_uniform([], offset_key, 0, slack + 1, dtype=tf.int64)
     begin = offset + chunk * raw_length
-    return {'targets': tokens[begin:begin + raw_length],
-            'seed': tf.random.experimental.stateless_fold_in(example_key, i)}
+    out = {'targets': tokens[begin:begin + raw_length],
+           'seed': tf.random.experimental.stateless_fold_in(example_key, i)}
+    if pairs:
+      out['other'] = _random_window(tokens, raw_length,
+                                    tf.random.experimental.stateless_fold_in(other_key, i))
+    return out
 
   first = first_batch * per_process
   return tf.data.Dataset.range(first, _ENDLESS).map(
       example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _random_window(tokens: tf.Tensor, length: int, seed) -> tf.Tensor:
+  """`length` consecutive tokens from a uniformly random place (all of them if fewer)."""
+  last = tf.maximum(tf.size(tokens, tf.int64) - length, 0)
+  begin = tf.random.stateless_uniform([], seed, 0, last + 1, dtype=tf.int64)
+  return tokens[begin:begin + length]
 
 
 def _streamed_rows(data, split: str, vocab, objective: Objective, raw_length: int,
@@ -367,18 +396,29 @@ def _fail_on_endless_empty_blocks(blocks, blocks_per_epoch: int, source: str):
 
 def _block_rows(u, tokens, data, vocab, objective: Objective,
                 raw_length: int) -> tf.data.Dataset:
-  """One block's tokens -> raw chunks (the last shorter) -> the objective -> packed rows."""
-  num_chunks = (tf.size(tokens, tf.int64) + raw_length - 1) // raw_length
+  """One block's tokens -> raw chunks (the last shorter) -> the objective -> packed rows.
+
+  Next-sentence pairs take whole chunks only, their 'other' text from the same block, a row each.
+  """
+  size = tf.size(tokens, tf.int64)
+  num_chunks = size // raw_length if objective.pairs else (size + raw_length - 1) // raw_length
   block_key = tf.random.experimental.stateless_fold_in(tf.constant([data.seed, 0], tf.int64), u)
+  other_key = tf.random.experimental.stateless_fold_in(tf.constant([data.seed, 1], tf.int64), u)
 
   def chunk(c):
     begin = c * raw_length
-    return {'targets': tokens[begin:begin + raw_length],
-            'seed': tf.random.experimental.stateless_fold_in(block_key, c)}
+    example = {'targets': tokens[begin:begin + raw_length],
+               'seed': tf.random.experimental.stateless_fold_in(block_key, c)}
+    if objective.pairs:
+      example['other'] = _random_window(
+          tokens, raw_length, tf.random.experimental.stateless_fold_in(other_key, c))
+    return example
 
   examples = tf.data.Dataset.range(num_chunks).map(chunk)
   examples = objective.transform(examples, data, vocab)
-  rows = packing.pack(examples, objective.lengths(data), window=_PACK_WINDOW)
+  lengths = objective.lengths(data)
+  rows = (examples.map(functools.partial(packing.pad_rows, lengths=lengths)) if objective.pairs
+          else packing.pack(examples, lengths, window=_PACK_WINDOW))
   return rows.enumerate().map(lambda r, row: {**row, 'block': u, 'row': r})
 
 

@@ -1,9 +1,16 @@
-"""Hugging Face export and import of T5 encoder-decoders: config.json + model.safetensors.
+"""Hugging Face export and import: config.json + model.safetensors.
 
-The parameter names map one to one (`_name_table`); the only transform is PyTorch's Linear
-layout: our kernel (in..., out...) is HF's weight (out, in) flattened and transposed. HF keeps the
-relative attention bias only in block 0 of each stack, as we keep one table per stack.
-Export needs neither torch nor transformers; tensors are written as float32.
+T5 encoder-decoders go both ways (T5ForConditionalGeneration); ELECTRA exports its discriminator
+(ElectraForPreTraining), the model ELECTRA pretrains for, and BERT with next-sentence prediction
+its encoder, pooler and classifier (BertForNextSentencePrediction; HF's MLM head has a transform
+layer ours lacks). The parameter names map one to one
+(`_name_table`); the transform is PyTorch's Linear layout: our kernel (in..., out...) is HF's
+weight (out, in) flattened and transposed, and our (heads, d_kv) biases are flattened. HF keeps
+T5's relative attention bias only in block 0 of each stack, as we keep one table per stack.
+BERT-style attention divides q.k by sqrt(d_kv), which ours folds into the query weights: the
+export multiplies HF's query weight and bias by sqrt(d_kv). ELECTRA has no token types: HF's
+table is written as zeros, so its default type 0 adds nothing. Export needs neither torch nor
+transformers; tensors are written as float32.
 
 Tied heads: T5 v1.0 ties the lm head to the shared embedding and rescales by d_model**-0.5
 (`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling. transformers 5.x may
@@ -15,7 +22,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from flax import nnx
 import numpy as np
@@ -32,45 +39,134 @@ CONFIG_FILE, WEIGHTS_FILE = 'config.json', 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
 
 
+# What each exportable architecture must be, field by field, to be HF's model exactly.
+_BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_bias=True,
+                    embed_norm=True, tie_embeddings=True)
+EXPORTABLE = {
+    'encoder_decoder': ('T5', dict(position='t5_relative', norm='rms', norm_position='pre',
+                                   use_bias=False)),
+    'electra': ('ELECTRA', _BERT_LAYERS),
+    'encoder': ('BERT with next-sentence prediction', dict(_BERT_LAYERS, next_sentence=True)),
+}
+
+
 def _check_exportable(cfg: ModelConfig) -> None:
-  if cfg.arch != 'encoder_decoder':
-    raise ValueError(f'export supports T5 encoder-decoder models; got arch={cfg.arch}')
-  t5 = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)
-  for name, value in t5.items():
-    if getattr(cfg, name) != value:
-      raise ValueError(f'export supports T5 encoder-decoder models ({name}={value!r}); '
-                       f'got {name}={getattr(cfg, name)!r}')
+  if cfg.arch not in EXPORTABLE:
+    raise ValueError(f'export supports T5, BERT and ELECTRA models; got arch={cfg.arch}')
+  name, fields = EXPORTABLE[cfg.arch]
+  for field, value in fields.items():
+    if getattr(cfg, field) != value:
+      raise ValueError(f'export supports {name} models ({field}={value!r}); '
+                       f'got {field}={getattr(cfg, field)!r}')
+  if cfg.arch != 'encoder_decoder' and (cfg.is_gated or cfg.num_heads * cfg.d_kv != cfg.d_model):
+    raise ValueError(f'{name} export needs an ungated activation and num_heads * d_kv == d_model '
+                     f'(got {cfg.activation}, {cfg.num_heads} * {cfg.d_kv} vs {cfg.d_model})')
 
 
-def _name_table(cfg: ModelConfig) -> list[tuple[tuple, str, int]]:
-  """(our param path, HF tensor name, input dims of a Linear kernel or 0 to copy as is)."""
-  rows = [(('embed', 'embedding'), 'shared.weight', 0)]
+class Row(NamedTuple):
+  """One tensor: our param path, HF's name, the input dims of a Linear kernel (0: copied as is,
+  biases flattened) and the factor HF's tensor carries over ours."""
+  path: tuple
+  name: str
+  num_in: int
+  scale: float = 1.0
+
+
+def _name_table(cfg: ModelConfig) -> list[Row]:
+  return {'electra': _electra_table, 'encoder': _bert_table}.get(cfg.arch, _t5_table)(cfg)
+
+
+def _t5_table(cfg: ModelConfig) -> list[Row]:
+  rows = [Row(('embed', 'embedding'), 'shared.weight', 0)]
   if not cfg.tie_embeddings:
-    rows.append((('lm_head', 'kernel'), 'lm_head.weight', 1))
+    rows.append(Row(('lm_head', 'kernel'), 'lm_head.weight', 1))
   mlp = ('wi_0', 'wi_1', 'wo') if cfg.is_gated else ('wi', 'wo')
   stacks = (('encoder', cfg.num_encoder_layers, (('self_attention', 'SelfAttention'),)),
             ('decoder', cfg.num_decoder_layers, (('self_attention', 'SelfAttention'),
                                                  ('cross_attention', 'EncDecAttention'))))
   for stack, num_layers, attentions in stacks:
-    rows += [((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0),
-             ((stack, 'relative_bias', 'embedding'),
-              f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', 0)]
+    rows += [Row((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0),
+             Row((stack, 'relative_bias', 'embedding'),
+                 f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', 0)]
     for i in range(num_layers):
       ours, theirs = (stack, 'layers', i), f'{stack}.block.{i}.layer'
       for j, (attention, hf_attention) in enumerate(attentions):
-        rows += [((*ours, attention, p, 'kernel'), f'{theirs}.{j}.{hf_attention}.{p}.weight',
-                  2 if p == 'o' else 1) for p in 'qkvo']
-        rows.append(((*ours, f'{attention}_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight', 0))
+        rows += [Row((*ours, attention, p, 'kernel'), f'{theirs}.{j}.{hf_attention}.{p}.weight',
+                     2 if p == 'o' else 1) for p in 'qkvo']
+        rows.append(Row((*ours, f'{attention}_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight',
+                        0))
       j = len(attentions)
-      rows += [((*ours, 'mlp', w, 'kernel'), f'{theirs}.{j}.DenseReluDense.{w}.weight', 1)
+      rows += [Row((*ours, 'mlp', w, 'kernel'), f'{theirs}.{j}.DenseReluDense.{w}.weight', 1)
                for w in mlp]
-      rows.append(((*ours, 'mlp_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight', 0))
+      rows.append(Row((*ours, 'mlp_norm', 'scale'), f'{theirs}.{j}.layer_norm.weight', 0))
   return rows
 
 
+def _linear(ours: tuple, theirs: str, num_in: int = 1, scale: float = 1.0) -> list[Row]:
+  """A Linear layer with a bias: its weight and bias rows."""
+  return [Row((*ours, 'kernel'), f'{theirs}.weight', num_in, scale),
+          Row((*ours, 'bias'), f'{theirs}.bias', 0, scale)]
+
+
+def _layer_norm(ours: tuple, theirs: str) -> list[Row]:
+  return [Row((*ours, 'scale'), f'{theirs}.weight', 0), Row((*ours, 'bias'), f'{theirs}.bias', 0)]
+
+
+def _bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
+  """A BERT-layer `Stack` (post-LN, biases, learned positions, embedding LayerNorm) as HF's
+  BertModel/ElectraModel named `prefix`: embeddings and encoder layers."""
+  rows = [Row(('embed', 'embedding'), f'{prefix}.embeddings.word_embeddings.weight', 0),
+          Row((stack, 'position_embedding', 'embedding'),
+              f'{prefix}.embeddings.position_embeddings.weight', 0),
+          *_layer_norm((stack, 'embed_norm'), f'{prefix}.embeddings.LayerNorm')]
+  if cfg.next_sentence:
+    rows.append(Row((stack, 'type_embedding', 'embedding'),
+                    f'{prefix}.embeddings.token_type_embeddings.weight', 0))
+  names = {'q': 'self.query', 'k': 'self.key', 'v': 'self.value', 'o': 'output.dense'}
+  for i in range(cfg.num_encoder_layers):
+    ours, theirs = (stack, 'layers', i), f'{prefix}.encoder.layer.{i}'
+    for p, name in names.items():
+      rows += _linear((*ours, 'self_attention', p), f'{theirs}.attention.{name}',
+                      2 if p == 'o' else 1, cfg.d_kv**0.5 if p == 'q' else 1.0)
+    rows += _layer_norm((*ours, 'self_attention_norm'), f'{theirs}.attention.output.LayerNorm')
+    rows += _linear((*ours, 'mlp', 'wi'), f'{theirs}.intermediate.dense')
+    rows += _linear((*ours, 'mlp', 'wo'), f'{theirs}.output.dense')
+    rows += _layer_norm((*ours, 'mlp_norm'), f'{theirs}.output.LayerNorm')
+  return rows
+
+
+def _electra_table(cfg: ModelConfig) -> list[Row]:
+  """The discriminator's stack (and the shared embeddings it reads) and head; the generator
+  stays behind. Token types are written apart (zeros), as ELECTRA has none."""
+  return (_bert_stack_table(cfg, 'discriminator', 'electra')
+          + _linear(('discriminator_dense',), 'discriminator_predictions.dense')
+          + _linear(('discriminator_output',), 'discriminator_predictions.dense_prediction'))
+
+
+def _bert_table(cfg: ModelConfig) -> list[Row]:
+  """BERT with next-sentence prediction as BertForNextSentencePrediction: the encoder, pooler
+  and classifier. The MLM head has no HF counterpart (HF's has a transform layer) and stays."""
+  return (_bert_stack_table(cfg, 'encoder', 'bert') + _linear(('pooler',), 'bert.pooler.dense')
+          + _linear(('next_sentence_head',), 'cls.seq_relationship'))
+
+
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-  """The config.json of T5ForConditionalGeneration for `cfg`."""
+  """The config.json of T5ForConditionalGeneration, ElectraForPreTraining (the discriminator) or
+  BertForNextSentencePrediction for `cfg`."""
   _check_exportable(cfg)
+  if cfg.arch in ('electra', 'encoder'):
+    electra = cfg.arch == 'electra'
+    return {
+        'architectures': ['ElectraForPreTraining' if electra else 'BertForNextSentencePrediction'],
+        'model_type': 'electra' if electra else 'bert', 'vocab_size': cfg.vocab_size,
+        **({'embedding_size': cfg.d_model} if electra else {}), 'hidden_size': cfg.d_model,
+        'num_hidden_layers': cfg.num_encoder_layers, 'num_attention_heads': cfg.num_heads,
+        'intermediate_size': cfg.d_ff, 'hidden_act': FEED_FORWARD_PROJ[cfg.activation],
+        'hidden_dropout_prob': cfg.dropout, 'attention_probs_dropout_prob': 0.0,
+        'max_position_embeddings': cfg.max_length, 'type_vocab_size': 2,
+        'layer_norm_eps': cfg.norm_eps, 'position_embedding_type': 'absolute',
+        'pad_token_id': 0, 'dtype': 'float32',
+    }
   return {
       'architectures': ['T5ForConditionalGeneration'], 'model_type': 't5',
       'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model, 'd_kv': cfg.d_kv, 'd_ff': cfg.d_ff,
@@ -94,13 +190,18 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
     params = unstack_layers(params)
   flat = dict(flatten(params))
   tensors = {}
-  for path, name, num_in in _name_table(cfg):
+  for path, name, num_in, scale in _name_table(cfg):
     if path not in flat:
       raise ValueError(f'params have no {"/".join(map(str, path))}; are they of this config?')
-    value = np.asarray(flat[path], np.float32)
+    value = np.asarray(flat[path], np.float32) * np.float32(scale)
     if num_in:  # (in..., out...) -> (in, out) -> (out, in)
       value = value.reshape(math.prod(value.shape[:num_in]), -1).T
+    elif name.endswith('.bias'):  # (heads, d_kv) -> (heads * d_kv,)
+      value = value.reshape(-1)
     tensors[name] = np.ascontiguousarray(value)
+  if cfg.arch == 'electra':
+    tensors['electra.embeddings.token_type_embeddings.weight'] = np.zeros(
+        (config['type_vocab_size'], cfg.d_model), np.float32)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, CONFIG_FILE), 'w') as f:
     json.dump(config, f, indent=2)
@@ -172,12 +273,12 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
   shapes = dict(flatten(nnx.state(abstract, nnx.Param).to_pure_dict()))
-  table = _name_table(cfg)
-  missing = [name for _, name, _ in table if tensors.get(name) is None]
+  table = _t5_table(cfg)
+  missing = [row.name for row in table if tensors.get(row.name) is None]
   if missing:
     raise ValueError(f'{folder} misses {len(missing)} T5 tensor(s), e.g. {missing[0]}')
   params: Params = {}
-  for path, name, num_in in table:
+  for path, name, num_in, _ in table:  # T5's rows are all unscaled
     shape = shapes[path].shape
     hf_shape = (math.prod(shape[num_in:]), math.prod(shape[:num_in])) if num_in else shape
     value = tensors[name].astype(np.float32)

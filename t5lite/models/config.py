@@ -39,6 +39,10 @@ class ModelConfig:
   relative_max_distance: int = 128
   max_length: int = 512  # table size for learned positions; unused otherwise
   tie_embeddings: bool = True  # v1.0: lm head = embedding, logits scaled by d_model**-0.5
+  embed_norm: bool = False  # BERT, ELECTRA, BART: LayerNorm over token + position embeddings
+  # BERT's next-sentence prediction (encoder only): token-type (segment A/B) embeddings and a
+  # pooled [CLS] classifier beside the MLM head
+  next_sentence: bool = False
   use_bias: bool = False  # T5 has no biases; BERT, GPT-2 and Vaswani do
   dropout: float = 0.0
   dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
@@ -74,6 +78,8 @@ class ModelConfig:
       raise ValueError(f'model.arch={self.arch!r} needs num_decoder_layers > 0')
     if self.position == 'rope' and self.d_kv % 2:
       raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
+    if self.next_sentence and self.arch != 'encoder':
+      raise ValueError(f'model.next_sentence is BERT\'s (arch=encoder), not arch={self.arch!r}')
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
     if not 0.0 < self.generator_size <= 1.0:

@@ -3,7 +3,7 @@
 The generator fills the masked positions of an MLM batch with samples from its softmax; the
 discriminator reads the result and tells, for every token, whether it was replaced. The
 discriminator is the model one keeps. Both are bidirectional `Stack`s over one shared token
-embedding, and one shared position table when positions are learned, as in the paper.
+embedding, position table and embedding LayerNorm, as in the paper.
 
 The paper narrows the generator (hidden size, FFN and heads all times `generator_size`) and
 projects the shared embeddings into it. Here the generator keeps the discriminator's d_model and
@@ -47,6 +47,8 @@ class Electra(nnx.Module):
                                rngs=rngs)
     if cfg.position == 'learned':  # one table, stored once (nnx shares the module)
       self.generator.position_embedding = self.discriminator.position_embedding
+    if cfg.embed_norm:  # and one embedding LayerNorm
+      self.generator.embed_norm = self.discriminator.embed_norm
     # The paper's discriminator head: dense + activation, then one logit per token.
     self.act = ACTIVATION_FUNCTIONS[cfg.activation.removeprefix('gated-')]
     self.discriminator_dense = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'),

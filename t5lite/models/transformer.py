@@ -40,12 +40,14 @@ class Features(NamedTuple):
   segment_ids: jax.Array | None = None  # (b, l) packed example index, 0 on padding
   positions: jax.Array | None = None  # (b, l) position within the packed example
   causal_attention: jax.Array | None = None  # (b, l) prefix LM: 1 where attention is bidirectional
+  token_types: jax.Array | None = None  # (b, l) BERT's segment A (0) or B (1), next_sentence only
 
   @classmethod
   def from_batch(cls, batch: Mapping[str, jax.Array], side: str) -> 'Features':
     """side 'encoder' reads encoder_input_tokens, encoder_segment_ids, encoder_positions."""
     return cls(batch[f'{side}_input_tokens'], batch.get(f'{side}_segment_ids'),
-               batch.get(f'{side}_positions'), batch.get(f'{side}_causal_attention'))
+               batch.get(f'{side}_positions'), batch.get(f'{side}_causal_attention'),
+               batch.get(f'{side}_token_types'))
 
   def absolute_positions(self) -> jax.Array:
     """The positions feature of packed data, else 0, 1, ... for every row."""
@@ -169,7 +171,8 @@ def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rng
 
 
 class Stack(nnx.Module):
-  """Embedded tokens through absolute positions, the layers and (pre-norm) a final norm."""
+  """Embedded tokens through absolute positions (and token types, and BERT's embedding norm),
+  the layers and (pre-norm) a final norm."""
 
   def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross_attention: bool,
                rngs: nnx.Rngs):
@@ -179,6 +182,10 @@ class Stack(nnx.Module):
     if cfg.position == 'learned':
       self.position_embedding = Embed(cfg.max_length, cfg.d_model, (None, 'embed'), std=0.02,
                                       cfg=cfg, rngs=rngs)
+    if cfg.next_sentence:
+      self.type_embedding = Embed(2, cfg.d_model, (None, 'embed'), std=0.02, cfg=cfg, rngs=rngs)
+    if cfg.embed_norm:
+      self.embed_norm = Norm(cfg, rngs=rngs)
     self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
@@ -189,7 +196,7 @@ class Stack(nnx.Module):
                rngs: nnx.Rngs | None = None) -> jax.Array:
     """x (b, l, d) embedded tokens -> (b, l, d); encoded/encoder feed cross-attention."""
     length = x.shape[1]
-    x = self._add_absolute_positions(x, features.absolute_positions())
+    x = self._embed_extras(x, features.absolute_positions(), features.token_types)
     x = constrain(self.dropout(x, deterministic=deterministic, rngs=rngs), EMBED)
     inputs = LayerInputs(
         mask=attention_mask(length, None if self.causal else features.tokens > 0,
@@ -217,7 +224,7 @@ class Stack(nnx.Module):
     length = x.shape[1]
     slots = index + jnp.arange(length)  # (l,) cache positions of the new tokens
     positions = jnp.maximum(slots[None, :] - cache.start[:, None], 0)  # (b, l); padding at 0
-    x = constrain(self._add_absolute_positions(x, positions), EMBED)
+    x = constrain(self._embed_extras(x, positions), EMBED)
     keys = jnp.arange(cache.length)
     # A token sees its own row's keys from the start token up to itself: (b, l, length).
     visible = (keys >= cache.start[:, None, None]) & (keys <= slots[:, None])
@@ -261,16 +268,21 @@ class Stack(nnx.Module):
                       transform_metadata={nnx.PARTITION_NAME: 'layers'})(self.layers)
     return tuple(layer_cache(block) for block in self.layers)
 
-  def _add_absolute_positions(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """x plus the sinusoidal or learned encoding of positions (b, l); as is for relative/RoPE."""
+  def _embed_extras(self, x: jax.Array, positions: jax.Array,
+                    token_types: jax.Array | None = None) -> jax.Array:
+    """x plus the sinusoidal or learned encoding of positions (b, l) (nothing for relative or
+    RoPE) and of BERT's token types (type 0 if not given), then the embedding norm if any."""
     if self.cfg.position == 'sinusoidal':
-      return x + sinusoidal_positions(positions, self.cfg.d_model).astype(x.dtype)
+      x = x + sinusoidal_positions(positions, self.cfg.d_model).astype(x.dtype)
     if self.cfg.position == 'learned':
       if positions.shape[1] > self.cfg.max_length:
         raise ValueError(f'sequence length {positions.shape[1]} exceeds model.max_length='
                          f'{self.cfg.max_length} of the learned position table')
-      return x + self.position_embedding(positions).astype(x.dtype)
-    return x
+      x = x + self.position_embedding(positions).astype(x.dtype)
+    if self.cfg.next_sentence:
+      x = x + self.type_embedding(jnp.zeros_like(positions) if token_types is None
+                                  else token_types).astype(x.dtype)
+    return self.embed_norm(x) if self.cfg.embed_norm else x
 
   def _apply_layers(self, x, inputs, keys, deterministic):
     """Runs the layers in order, scanned or unrolled, each under the remat policy."""
@@ -352,20 +364,39 @@ class EncoderDecoder(nnx.Module):
 
 
 class EncoderOnly(nnx.Module):
-  """BERT-like: a bidirectional stack with per-token vocabulary logits (the MLM head)."""
+  """BERT-like: a bidirectional stack with per-token vocabulary logits (the MLM head), and with
+  `next_sentence` BERT's pooler and next-sentence classifier over the first ([CLS]) token."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed, self.lm_head, self.rngs = _shared_parts(cfg, rngs)
     self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
                          rngs=rngs)
+    if cfg.next_sentence:
+      self.pooler = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=cfg.d_model**-0.5,
+                          cfg=cfg, rngs=rngs)
+      self.next_sentence_head = Dense((cfg.d_model,), (2,), ('mlp', None),
+                                      std=cfg.d_model**-0.5, cfg=cfg, rngs=rngs)
+
+  def encode(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+             rngs: nnx.Rngs | None = None) -> jax.Array:
+    """The batch's encoder tokens -> (b, l, d) hidden states, read by both heads."""
+    encoder = Features.from_batch(batch, 'encoder')
+    return self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic,
+                        rngs=self.rngs if rngs is None else rngs)
+
+  def lm_logits(self, x: jax.Array) -> jax.Array:
+    """(b, l, d) hidden states -> (b, l, vocab) float32 MLM logits."""
+    return output_logits(self.cfg, self.embed, self.lm_head, x)
+
+  def next_sentence_logits(self, x: jax.Array) -> jax.Array:
+    """(b, l, d) hidden states -> (b, 2) float32 logits of (is next, is random) from [CLS]."""
+    pooled = jnp.tanh(self.pooler(x[:, 0]))  # (b, d)
+    return self.next_sentence_head(pooled).astype(jnp.float32)
 
   def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
                rngs: nnx.Rngs | None = None) -> jax.Array:
-    rngs = self.rngs if rngs is None else rngs
-    encoder = Features.from_batch(batch, 'encoder')
-    x = self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic, rngs=rngs)
-    return output_logits(self.cfg, self.embed, self.lm_head, x)
+    return self.lm_logits(self.encode(batch, deterministic=deterministic, rngs=rngs))
 
 
 class DecoderOnly(nnx.Module):

@@ -62,7 +62,8 @@ class Checkpointer:
     orbax would fail inside its readers.
     """
     saved = self._saved_shapes(step)
-    if saved is not None and saved != sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state)):
+    ours = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
+    if saved is not None and saved != ours:
       raise ValueError(
           f'checkpoint {self.directory}/{step} holds a train state of another layout than this '
           "run's (e.g. an optimizer state saved by an older t5lite or by another optimizer); "

@@ -3,10 +3,12 @@
 An objective maps (model, batch) to float32 sums over tokens and says how they combine. The
 step (step.py) differentiates `loss(sums, denominators)` with `denominators(batch)` taken over
 the whole batch, so that gradient accumulation adds up to the big batch for every loss term.
-Three objectives share that one step:
+Four objectives share that one step:
 
 - `lm`: the model's cross entropy on its own targets (span corruption, MLM, causal LM, a
   fine-tuning task); `model.arch` names the target features.
+- `next_sentence` (BERT, Devlin et al. 2019): the MLM loss plus the next-sentence
+  classifier's cross entropy per pair, each a mean, added.
 - `electra` (Clark et al. 2020): the generator's MLM loss plus 50 times the discriminator's
   replaced-token detection loss over every real token.
 - `distillation` (Hinton et al. 2015): alpha times the hard-label cross entropy plus (1 - alpha)
@@ -57,10 +59,16 @@ class Teacher(NamedTuple):
 
 def make(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
          teacher: Teacher | None = None, *, exact_match: bool = False) -> Objective:
-  """ELECTRA for model.arch='electra', distillation given a teacher, else the token loss;
-  `exact_match` (lm only) makes evaluation count target sequences predicted exactly."""
+  """ELECTRA for model.arch='electra', BERT's for model.next_sentence, distillation given a
+  teacher, else the token loss; `exact_match` (lm only) makes evaluation count target sequences
+  predicted exactly."""
   if model_cfg.arch == 'electra':
     return electra(model_cfg, config.train)
+  if model_cfg.next_sentence != (config.data.objective == 'mlm_nsp'):
+    raise ValueError(f'model.next_sentence={model_cfg.next_sentence} goes with data.objective='
+                     f"'mlm_nsp' and only with it (got {config.data.objective!r})")
+  if model_cfg.next_sentence:
+    return next_sentence(model_cfg, config.train)
   if teacher is not None:
     return distillation(model_cfg, config.train, teacher)
   return lm(model_cfg, config.train, exact_match=exact_match)
@@ -79,6 +87,50 @@ def lm(model_cfg: ModelConfig, train_cfg, *, exact_match: bool = False) -> Objec
   return Objective(
       sums, lambda batch: losses.loss_denominator(batch[weights], train_cfg.loss_normalizer),
       loss=lambda sums, denominator: sums['loss'] / denominator, metrics=step_lib.summarize)
+
+
+def next_sentence(model_cfg: ModelConfig, train_cfg) -> Objective:
+  """BERT's pretraining loss: MLM cross entropy per masked token plus the next-sentence
+  cross entropy per pair, from one pass of the encoder."""
+  normalizer = train_cfg.loss_normalizer
+
+  def sums(model, batch, frozen, key, *, train):
+    del frozen
+    dropout_key = _dropout_key(model_cfg, key, train)
+    rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
+    x = model.encode(batch, deterministic=rngs is None, rngs=rngs)  # (b, l, d)
+    logits = model.lm_logits(x)  # (b, l, v)
+    labels = batch['next_sentence_labels']  # (b,)
+    return {
+        'mlm': losses.token_losses(logits, batch['encoder_target_tokens'],
+                                   batch['encoder_loss_weights'], z_loss=train_cfg.z_loss,
+                                   label_smoothing=train_cfg.label_smoothing),
+        # one "token" per row: (b, 2) -> (b, 1, 2)
+        'next_sentence': losses.token_losses(model.next_sentence_logits(x)[:, None],
+                                             labels[:, None], jnp.ones_like(labels)[:, None]),
+    }
+
+  def denominators(batch):
+    return {'mlm': losses.loss_denominator(batch['encoder_loss_weights'], normalizer),
+            'next_sentence': jnp.float32(batch['next_sentence_labels'].shape[0])}
+
+  def loss(sums, denominators):
+    return (sums['mlm']['loss'] / denominators['mlm']
+            + sums['next_sentence']['loss'] / denominators['next_sentence'])
+
+  def metrics(sums):
+    mlm, pairs = sums['mlm'], sums['next_sentence']
+    return {
+        'loss': loss(sums, {term: _nonzero(s['weight']) for term, s in sums.items()}),
+        'accuracy': _per_token(mlm, 'correct'),
+        'mlm_loss': _per_token(mlm, 'loss'),
+        'z_loss': _per_token(mlm, 'z_loss'),
+        'next_sentence_loss': _per_token(pairs, 'loss'),
+        'next_sentence_accuracy': _per_token(pairs, 'correct'),
+        'target_tokens': mlm['weight'],
+    }
+
+  return Objective(sums, denominators, loss, metrics)
 
 
 def electra(model_cfg: ModelConfig, train_cfg) -> Objective:

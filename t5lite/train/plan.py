@@ -159,7 +159,10 @@ def abstract_batch(model_cfg: ModelConfig, data_cfg, sharding) -> dict:
            for n in ('input_tokens', 'segment_ids', 'positions')}
   for name in step_lib.target_features(model_cfg):
     names[name] = sides[name.split('_')[0]]
-  return {name: jax.ShapeDtypeStruct((data_cfg.batch_size, length), jnp.int32, sharding=sharding)
+  if model_cfg.next_sentence:  # BERT's segments A/B and one label per row
+    names.update(encoder_token_types=inputs, next_sentence_labels=None)
+  return {name: jax.ShapeDtypeStruct((data_cfg.batch_size,) + ((length,) if length else ()),
+                                     jnp.int32, sharding=sharding)
           for name, length in names.items()}
 
 

@@ -11,7 +11,7 @@ from t5lite.data import objectives
 from t5lite.data import packing
 from t5lite.data import pipeline
 
-MASK = 8099  # <extra_id_0> of the bundled 8,100-id vocabulary
+MASK, CLS, SEP = 8099, 8098, 8097  # <extra_id_0, 1, 2> of the bundled 8,100-id vocabulary
 NUM_PIECES = 8000
 EOS = 1
 PERIOD, BANG = 6, 108  # '.' and '!' of the bundled vocabulary
@@ -95,6 +95,54 @@ def test_masking_is_dynamic_a_new_mask_each_epoch(small_data):
   again = next(objectives.mlm(chunks, MASK, NUM_PIECES).as_numpy_iterator())
   first = next(objectives.mlm(chunks, MASK, NUM_PIECES).as_numpy_iterator())
   np.testing.assert_array_equal(again['inputs'], first['inputs'])  # yet deterministic
+
+
+def test_mlm_nsp_pairs_half_next_half_random_with_bert_masking():
+  """4,000 pairs of 128 tokens (125 of text): [CLS] A [SEP] B [SEP], A cut after a sentence end
+  chosen uniformly, B the rest of the chunk or text from elsewhere (each within 2.5 points of half,
+  over 4 standard errors), 15% of A and B selected and split 80/10/10 (within 0.5 points over
+  76,000 selections), specials never selected."""
+  rng = np.random.default_rng(1)
+  n, count = 125, 4000
+  def text(low, high):  # words from [low, high) with a '.' every 5 to 30 tokens
+    tokens = rng.integers(low, high, size=(count, n), dtype=np.int32)
+    tokens[rng.random((count, n)) < 1 / 15] = PERIOD
+    return tokens
+  tokens, other = text(200, 4000), text(4000, NUM_PIECES)  # two ranges: where B came from shows
+  examples = tf.data.Dataset.from_tensor_slices((tokens, other)).enumerate().map(
+      lambda i, pair: {'targets': pair[0], 'other': pair[1], 'seed': seed(i)})
+  out = next(iter(objectives.mlm_nsp(examples, CLS, SEP, MASK, NUM_PIECES, [PERIOD]).batch(count)))
+  inputs, targets, types, label = (out[k].numpy() for k in
+                                   ('inputs', 'targets', 'token_types', 'next_sentence'))
+  assert inputs.shape == targets.shape == types.shape == (count, n + 3) and label.shape == (count,)
+  assert abs(label.mean() - 0.5) < 0.025, label.mean()
+  original = np.where(targets > 0, targets, inputs)
+  relative_cut = []
+  for row in range(count):
+    seps = np.flatnonzero(inputs[row] == SEP)
+    assert inputs[row, 0] == CLS and seps[-1] == n + 2 and len(seps) == 2, inputs[row]
+    cut = seps[0] - 1  # tokens of A
+    np.testing.assert_array_equal(types[row], np.arange(n + 3) > cut + 1)
+    a, b = original[row, 1:cut + 1], original[row, cut + 2:n + 2]
+    np.testing.assert_array_equal(a, tokens[row, :cut])
+    starts = np.flatnonzero(tokens[row, :-1] == PERIOD) + 1
+    assert cut in starts  # A ends with a sentence end
+    relative_cut.append(np.searchsorted(starts, cut) / max(len(starts) - 1, 1))
+    if label[row]:  # B from the other text's first sentence on
+      first = np.flatnonzero(other[row] == PERIOD)[0] + 1
+      start = first if len(other[row]) - first >= len(b) else 0
+      np.testing.assert_array_equal(b, other[row, start:start + len(b)])
+    else:
+      np.testing.assert_array_equal(b, tokens[row, cut:])
+  assert abs(np.mean(relative_cut) - 0.5) < 0.02  # sentence ends chosen uniformly
+  specials = (inputs == CLS) | (inputs == SEP)
+  assert (targets[specials] == 0).all()
+  selected = targets > 0
+  assert (selected.sum(1) == round(0.15 * n)).all()  # 19 of A and B's 125 tokens
+  masked = inputs[selected] == MASK
+  kept = inputs[selected] == targets[selected]
+  for fraction, expected in ((masked, 0.8), (~masked & ~kept, 0.1), (kept, 0.1)):
+    assert abs(fraction.mean() - expected) < 0.005, (fraction.mean(), expected)
 
 
 def test_bart_masks_30_percent_in_poisson_3_spans():
@@ -239,6 +287,8 @@ def test_lengths_an_objective_cannot_use_fail_with_one_line(small_data, change, 
     ('prefix_lm', dict(inputs_length=40, targets_length=24), {'decoder_causal_attention': 64}),
     ('bart', dict(inputs_length=64, targets_length=64),
      {'encoder_input_tokens': 64, 'decoder_target_tokens': 64}),
+    ('mlm_nsp', dict(inputs_length=64, targets_length=0),
+     {'encoder_input_tokens': 64, 'encoder_token_types': 64, 'next_sentence_labels': None}),
 ])
 @pytest.mark.parametrize('streamed', [False, True])
 def test_pipeline_batches_of_each_objective(small_data, tfds_dir, objective, lengths, features,
@@ -249,8 +299,10 @@ def test_pipeline_batches_of_each_objective(small_data, tfds_dir, objective, len
   data = small_data(objective=objective, **lengths, **source)
   batch = next(pipeline.make_pipeline(data, process_index=0, process_count=1))
   for name, length in features.items():
-    assert batch[name].shape == (8, length) and batch[name].dtype == np.int32
-  side = 'encoder' if objective == 'mlm' else 'decoder'
+    assert batch[name].shape == (8,) + ((length,) if length else ())
+    assert batch[name].dtype == np.int32
+  side = 'encoder' if objective.startswith('mlm') else 'decoder'
   share = batch[f'{side}_loss_weights'].sum() / (batch[f'{side}_segment_ids'] > 0).sum()
-  expected = {'mlm': 0.15, 'causal_lm': 1.0, 'prefix_lm': 0.5, 'bart': 1.0}[objective]
+  expected = {'mlm': 0.15, 'mlm_nsp': 0.15 * 61 / 64, 'causal_lm': 1.0, 'prefix_lm': 0.5,
+              'bart': 1.0}[objective]
   assert abs(share - expected) < (0.2 if objective == 'prefix_lm' else 0.02), share

@@ -1,4 +1,5 @@
-"""Hugging Face export/import of T5 v1.0 and v1.1: logits agree with transformers both ways.
+"""Hugging Face export/import of T5 v1.0 and v1.1: logits agree with transformers both ways; the
+export of ELECTRA's discriminator and of BERT with next-sentence prediction agrees too.
 
 transformers runs on CPU in float32 with random weights (no downloads). Every tensor, layer norm
 scales included, is perturbed away from its initial value so that a wrong mapping shows.
@@ -27,6 +28,8 @@ transformers.logging.set_verbosity_error()
 VERSIONS = {'v1_0': dict(activation='relu', tie_embeddings=True),
             'v1_1': dict(activation='gated-gelu', tie_embeddings=False)}
 ENCODER_LENGTH, DECODER_LENGTH = 12, 8
+BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_bias=True,
+                   max_length=16, norm_eps=1e-12)
 TOLERANCE = 1e-4
 
 
@@ -192,16 +195,86 @@ def test_import_of_a_tied_unscaled_head(tmp_path):
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (dict(arch='decoder'), 'export supports T5 encoder-decoder models; got arch=decoder'),
-    (dict(arch='encoder'), 'export supports T5 encoder-decoder models; got arch=encoder'),
+    (dict(arch='decoder'), 'export supports T5, BERT and ELECTRA models; got arch=decoder'),
+    (dict(arch='encoder'), "BERT with next-sentence prediction models .position='learned'.; "
+                           "got position='t5_relative'"),
     (dict(position='sinusoidal'), "got position='sinusoidal'"),
     (dict(norm_position='post'), "got norm_position='post'"),
+    (dict(arch='electra', **BERT_LAYERS, embed_norm=False), 'ELECTRA models .embed_norm=True.'),
+    (dict(arch='electra', **BERT_LAYERS, embed_norm=True, d_kv=4),
+     r'ELECTRA export needs .* \(got relu, 4 \* 4 vs 32\)'),
 ])
 def test_export_refuses_other_architectures(overrides, message, tmp_path):
   cfg = tiny('v1_0', **overrides)
   with pytest.raises(ValueError, match=message):
     export_hf({}, cfg, str(tmp_path))
   assert not os.listdir(tmp_path)
+
+
+def bert_family_model(arch: str, seed: int):
+  """A tiny BERT (with next-sentence prediction) or ELECTRA, every parameter perturbed (biases
+  and norm offsets stop being 0, scales 1)."""
+  cfg = ModelConfig(arch=arch, vocab_size=128, d_model=32, d_ff=64, num_heads=4, d_kv=8,
+                    num_encoder_layers=2, num_decoder_layers=0, activation='gelu',
+                    embed_norm=True, next_sentence=arch == 'encoder', generator_size=0.5,
+                    **BERT_LAYERS)
+  model = build(cfg, nnx.Rngs(seed))
+  rng = np.random.RandomState(seed)
+  load_params(model, jax.tree.map(
+      lambda x: x * (1 + 0.3 * rng.randn(*x.shape)) + 0.1 * rng.randn(*x.shape),
+      get_params(model)))
+  return cfg, model
+
+
+def bert_batch(seed: int):
+  """Tokens (4, 12) with right padding, and token types: segment B from a random point."""
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(3, 128, size=(4, 12)).astype(np.int32)
+  lengths = np.array([12, 9, 5, 12])
+  tokens[np.arange(12) >= lengths[:, None]] = 0
+  types = (np.arange(12) >= rng.randint(2, 5, size=(4, 1))).astype(np.int32) * (tokens > 0)
+  return tokens, types
+
+
+def test_electra_exports_its_discriminator_to_transformers(tmp_path):
+  cfg, model = bert_family_model('electra', seed=7)
+  export_hf(nnx.state(model, nnx.Param), cfg, str(tmp_path))
+  hf = transformers.ElectraForPreTraining.from_pretrained(str(tmp_path)).eval()
+  tokens, _ = bert_batch(8)
+  ours = np.asarray(model({'encoder_input_tokens': jnp.asarray(tokens)}))  # (b, l)
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(tokens > 0, dtype=torch.long)).logits.numpy()
+  diff = np.abs(ours - theirs)[tokens > 0]  # HF's padded queries compute what they like
+  print(f'ELECTRA discriminator max |logit diff| {diff.max():.2e}')
+  assert diff.max() < TOLERANCE
+  names = safetensors.numpy.load_file(os.path.join(tmp_path, 'model.safetensors'))
+  assert not any('generator' in name for name in names)  # the generator stays behind
+  assert len(names) == sum(1 for _ in hf.state_dict())  # nothing HF has is left at random
+
+
+def test_bert_with_next_sentence_prediction_exports_to_transformers(tmp_path):
+  """Encoder states, pooler and next-sentence logits, token types included, agree with
+  BertForNextSentencePrediction."""
+  cfg, model = bert_family_model('encoder', seed=9)
+  export_hf(nnx.state(model, nnx.Param), cfg, str(tmp_path))
+  hf = transformers.BertForNextSentencePrediction.from_pretrained(str(tmp_path)).eval()
+  tokens, types = bert_batch(10)
+  hidden = model.encode({'encoder_input_tokens': jnp.asarray(tokens),
+                         'encoder_token_types': jnp.asarray(types)})
+  ours = np.asarray(model.next_sentence_logits(hidden))  # (b, 2)
+  with torch.no_grad():
+    out = hf(input_ids=torch.tensor(tokens, dtype=torch.long),
+             token_type_ids=torch.tensor(types, dtype=torch.long),
+             attention_mask=torch.tensor(tokens > 0, dtype=torch.long), output_hidden_states=True)
+  hidden_diff = np.abs(np.asarray(hidden) - out.hidden_states[-1].numpy())[tokens > 0]
+  logit_diff = np.abs(ours - out.logits.numpy())
+  print(f'BERT max |diff|: hidden {hidden_diff.max():.2e}, next-sentence logits '
+        f'{logit_diff.max():.2e}')
+  assert hidden_diff.max() < TOLERANCE and logit_diff.max() < TOLERANCE
+  # the token types matter: all-A inputs give other logits
+  same = model.next_sentence_logits(model.encode({'encoder_input_tokens': jnp.asarray(tokens)}))
+  assert np.abs(np.asarray(same) - ours).max() > 1e-2
 
 
 def test_export_refuses_params_of_another_config(exported, tmp_path):

@@ -23,24 +23,26 @@ PUBLISHED = {
 }
 
 # The family's presets: (published size, exact count). The exact counts are Hugging Face's
-# (transformers 5.23, built on the meta device) less what t5lite leaves out: BERT and RoBERTa
-# without pooler, token-type embeddings and embedding LayerNorm (RoBERTa also without its 2
-# offset position rows), BART without its 2 embedding LayerNorms and 2 offset position rows per
-# stack; GPT-2 is all there. Vaswani's by hand: 6*3,152,384 + 6*4,204,032 in the layers. Plus
-# the embedding rows that pad each vocabulary to a multiple of 128.
+# (transformers 5.23, built on the meta device) less what t5lite leaves out, plus what it adds:
+# BERT has BertModel's parameters plus the next-sentence classifier (768 * 2 + 2); RoBERTa has no
+# pooler and one token type fewer (no next sentence), nor RoBERTa's 2 offset position rows; BART
+# has no 2 offset position rows per stack; GPT-2 is all there. Vaswani's by hand:
+# 6*3,152,384 + 6*4,204,032 in the layers. Plus the embedding rows that pad each vocabulary to a
+# multiple of 128.
 FAMILY = {
-    'bert_base': (110e6, 109_482_240 - 590_592 - 1_536 - 1_536 + (30592 - 30522) * 768),
-    'roberta_base': (125e6, 124_645_632 - 590_592 - 768 - 1_536 - 2 * 768 + (50304 - 50265) * 768),
+    'bert_base': (110e6, 109_482_240 + 768 * 2 + 2 + (30592 - 30522) * 768),
+    'roberta_base': (125e6, 124_645_632 - 590_592 - 768 - 2 * 768 + (50304 - 50265) * 768),
     'gpt2_small': (124e6, 124_439_808 + (50304 - 50257) * 768),
     'transformer_base': (65e6, 37_120 * 512 + 6 * 3_152_384 + 6 * 4_204_032),
-    'bart_base': (140e6, 139_420_416 - 2 * 1_536 - 2 * 2 * 768 + (50304 - 50265) * 768),
+    'bart_base': (140e6, 139_420_416 - 2 * 2 * 768 + (50304 - 50265) * 768),
     # ELECTRA-small by hand, BERT layers of 4 * d * inner + 2 * d * ff weights, their biases
     # (3 * inner + d + ff + d) and two LayerNorms (4 * d): 12 discriminator layers (inner 256,
-    # ff 1024), 12 generator layers (inner 64, ff 256), the 8192-id embedding and 512 positions
-    # (shared), the discriminator head (d*d + d, then d + 1). The paper's 14M has 30,522 ids.
+    # ff 1024), 12 generator layers (inner 64, ff 256), the 8192-id embedding, 512 positions and
+    # the embedding LayerNorm (2 * d), all shared, the discriminator head (d*d + d, then d + 1).
+    # The paper's 14M has 30,522 ids.
     'electra_small': (14e6, 12 * (4 * 256 * 256 + 2 * 256 * 1024 + 5 * 256 + 1024 + 1024)
                       + 12 * (4 * 256 * 64 + 2 * 256 * 256 + 3 * 64 + 2 * 256 + 256 + 1024)
-                      + (8192 + 512) * 256 + 256 * 256 + 256 + 256 + 1),
+                      + (8192 + 512 + 2) * 256 + 256 * 256 + 256 + 256 + 1),
 }
 
 

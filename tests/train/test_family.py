@@ -21,7 +21,9 @@ ONE_ENCODER_LAYER = ['--config.model.num_encoder_layers=1']
 ONE_DECODER_LAYER = ['--config.model.num_decoder_layers=1']
 # name -> (preset, flags): one layer per stack, short rows.
 RUNS = {
-    'bert': ('bert_base', ONE_ENCODER_LAYER + ['--config.data.inputs_length=32']),
+    # next-sentence prediction: 32 pairs a step, so that its noise does not hide the MLM's fall
+    'bert': ('bert_base', ONE_ENCODER_LAYER + ['--config.data.inputs_length=32',
+                                               '--config.data.batch_size=32']),
     'roberta': ('roberta_base', ONE_ENCODER_LAYER + ['--config.data.inputs_length=32']),
     'gpt': ('gpt2_small', ONE_DECODER_LAYER + ['--config.data.targets_length=32']),
     'gpt_prefix_lm': ('gpt2_small', ONE_DECODER_LAYER + [
@@ -63,3 +65,15 @@ def test_data_show_renders_each_objective(capsys, name):
   assert ('<extra_id_0>' in shown.split('targets:')[0]) == masked
   if name == 'gpt_prefix_lm':
     assert 'inputs:  \n' not in shown  # a prefix is shown as the inputs
+
+
+@pytest.mark.parametrize('change, message', [
+    (['--config.data.objective=mlm'],
+     "model.next_sentence=True goes with data.objective='mlm_nsp'"),
+    (['--config.model.arch=decoder', '--config.model.num_decoder_layers=1'],
+     'model.next_sentence is BERT'),
+])
+def test_next_sentence_without_its_objective_fails_in_one_line(tmp_path, capsys, change, message):
+  assert cli.main(['train', f'--workdir={tmp_path}', *flags('bert'), *change]) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0], error
