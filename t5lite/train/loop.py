@@ -2,9 +2,11 @@
 
 `train(config, workdir)` is the whole run, written as a handful of small functions. Nothing in
 the loop waits on the device except at log, eval and save points: metrics stay on device until
-a log interval ends, and the NaN check is a device-side flag read at those points.
+a log interval ends, the NaN check is a device-side flag read at those points, and the next two
+batches are already on the devices while a step runs (`DeviceBatches`).
 """
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -216,18 +218,17 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, batch_shar
   writer = MetricWriter(workdir, start)
   preempted = Preempted()
   tokens_per_step, peak_fraction_per_second = rates
-  local_batches = iter(batches)
-  first = next(local_batches)
+  batches = DeviceBatches(batches, batch_sharding)
+  first = next(batches)
   compile_start = time.perf_counter()
-  train_step = train_step.lower(state, global_batch(first, batch_sharding), frozen).compile()
+  train_step = train_step.lower(state, first, frozen).compile()
   writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
-  local_batches = itertools.chain([first], local_batches)
+  device_batches = itertools.chain([first], batches)
   nonfinite = jnp.zeros((), jnp.bool_)
   pending, last, tic, step = [], {}, time.perf_counter(), start
   try:
     while step < train_cfg.steps:
-      state, metrics = train_step(state, global_batch(next(local_batches), batch_sharding),
-                                  frozen)
+      state, metrics = train_step(state, next(device_batches), frozen)
       step += 1
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
@@ -256,6 +257,35 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, batch_shar
     preempted.restore()
     writer.close()
   return last
+
+
+class DeviceBatches:
+  """The training pipeline `ahead` batches ahead, already laid out on the devices: the host
+  copies batch k+1 and k+2 while step k runs, so a slow moment of the pipeline or the copy does not
+  stall the chips. `state()` is the pipeline's position after the last batch handed out (not the
+  ones waiting), which is what a checkpoint must save to resume exactly."""
+
+  def __init__(self, batches, sharding: NamedSharding, ahead: int = 2):
+    self._batches, self._sharding, self._ahead = batches, sharding, ahead
+    self._waiting = collections.deque()  # (global batch, pipeline position after it)
+    self._position = batches.state()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    while len(self._waiting) < self._ahead:
+      local = next(self._batches, None)
+      if local is None:
+        break
+      self._waiting.append((global_batch(local, self._sharding), self._batches.state()))
+    if not self._waiting:
+      raise StopIteration
+    batch, self._position = self._waiting.popleft()
+    return batch
+
+  def state(self) -> dict:
+    return dict(self._position)
 
 
 def all_data_positions(batches) -> dict:

@@ -7,10 +7,12 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from t5lite import cli
+from t5lite.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # t5_tiny shrunk to seconds per run: 1+1 layers of width 64, 32 input / 8 target tokens.
@@ -111,3 +113,32 @@ def test_sigterm_saves_at_the_next_step_and_exits_zero(tmp_path):
   assert time.monotonic() - sent < 30
   steps = [int(name) for name in os.listdir(tmp_path / 'checkpoints')]
   assert len(steps) == 1 and 2 <= steps[0] < 100000
+
+
+class CountingPipeline:
+  """Batches {'x': [[k]]} for k = 0, 1, ... up to `count`, with the pipeline's state()."""
+
+  def __init__(self, count: int):
+    self.count, self.k = count, 0
+
+  def __next__(self):
+    if self.k == self.count:
+      raise StopIteration
+    self.k += 1
+    return {'x': np.full((1, 1), self.k - 1, np.int32)}
+
+  def state(self):
+    return {'batch': self.k}
+
+
+def test_device_batches_run_ahead_but_report_the_position_of_the_last_handed_out():
+  mesh = jax.make_mesh((1,), ('data',), devices=jax.devices()[:1])
+  pipeline = CountingPipeline(5)
+  batches = loop.DeviceBatches(pipeline, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec('data')), ahead=2)
+  assert batches.state() == {'batch': 0}
+  first = next(batches)
+  assert int(first['x'][0, 0]) == 0 and isinstance(first['x'], jax.Array)
+  assert pipeline.k == 2 and batches.state() == {'batch': 1}  # one waits on the device
+  assert [int(b['x'][0, 0]) for b in batches] == [1, 2, 3, 4]
+  assert batches.state() == {'batch': 5}
