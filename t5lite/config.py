@@ -56,6 +56,10 @@ def base_config() -> ml_collections.ConfigDict:
   train.z_loss = 1e-4
   train.label_smoothing = 0.0
   train.loss_normalizer = 'real_tokens'  # real_tokens | total_tokens | a number (T5X's constant)
+  # N > 0: the lm objective's cross entropy over N slices of the targets, each slice's logits
+  # recomputed in the backward pass, so the (batch, length, vocab) logits never exist at once
+  # (large vocabularies); 0: all logits at once, computed once.
+  train.loss_chunks = 0
   train.log_every = 50
   train.eval_every = 1000
   train.eval_batches = 20

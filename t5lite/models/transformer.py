@@ -3,9 +3,11 @@
 All are built from one `ModelConfig` and share one call: `logits = model(batch,
 deterministic=True)`, where `batch` holds int32 arrays named as seqio's feature converters name
 them (`encoder_input_tokens`, `decoder_input_tokens`, and for packed data `*_segment_ids`,
-`*_positions`). Logits are float32 (batch, length, vocab_size). With `deterministic=False`
-dropout draws from the model's own `dropout` stream (seeded from the build rngs; a train step
-calls `nnx.reseed(model, dropout=key)`), or from `rngs=nnx.Rngs(dropout=key)` if given.
+`*_positions`). Logits are float32 (batch, length, vocab_size); the call is
+`model.lm_logits(model.hidden_states(batch))`, halves that a chunked loss uses apart. With
+`deterministic=False` dropout draws from the model's own `dropout` stream (seeded from the build
+rngs; a train step calls `nnx.reseed(model, dropout=key)`), or from `rngs=nnx.Rngs(dropout=key)`
+if given.
 
 Masks: encoder keys that are padding (token 0) are hidden from every query, in self- and
 cross-attention. Decoders use causal masking alone: with right padding it already hides every pad
@@ -321,7 +323,21 @@ def _shared_parts(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Embed, Dense | None
   return embed, lm_head, nnx.Rngs(dropout=rngs.dropout())
 
 
-class EncoderDecoder(nnx.Module):
+class LanguageModel(nnx.Module):
+  """The call the three families share, `logits = model(batch)`, split at the final hidden states
+  (each family's `hidden_states`) so that a loss can project them chunk by chunk with `lm_logits`
+  (`train.loss_chunks`) instead of holding every (b, l, vocab) logit at once."""
+
+  def lm_logits(self, x: jax.Array) -> jax.Array:
+    """(b, l, d) final hidden states -> (b, l, vocab) float32 logits."""
+    return output_logits(self.cfg, self.embed, self.lm_head, x)
+
+  def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+               rngs: nnx.Rngs | None = None) -> jax.Array:
+    return self.lm_logits(self.hidden_states(batch, deterministic=deterministic, rngs=rngs))
+
+
+class EncoderDecoder(LanguageModel):
   """T5 (and Vaswani et al., BART): a bidirectional encoder read by a causal decoder."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -342,16 +358,22 @@ class EncoderDecoder(nnx.Module):
   def decode(self, encoded: jax.Array, encoder: Features, decoder: Features, *,
              deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Decoder input tokens (shifted right) attending to `encoded` -> (b, l, vocab) logits."""
-    x = self.decoder(self.embed(decoder.tokens), decoder, encoded=encoded, encoder=encoder,
-                     deterministic=deterministic, rngs=self.rngs if rngs is None else rngs)
-    return output_logits(self.cfg, self.embed, self.lm_head, x)
+    return self.lm_logits(self.decode_hidden(encoded, encoder, decoder,
+                                             deterministic=deterministic, rngs=rngs))
 
-  def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-               rngs: nnx.Rngs | None = None) -> jax.Array:
+  def decode_hidden(self, encoded: jax.Array, encoder: Features, decoder: Features, *,
+                    deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """As `decode`, up to the decoder's final (b, l, d) hidden states."""
+    return self.decoder(self.embed(decoder.tokens), decoder, encoded=encoded, encoder=encoder,
+                        deterministic=deterministic, rngs=self.rngs if rngs is None else rngs)
+
+  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+                    rngs: nnx.Rngs | None = None) -> jax.Array:
+    """The batch -> the decoder's final (b, l, d) hidden states."""
     encoder = Features.from_batch(batch, 'encoder')
     encoded = self.encode(encoder, deterministic=deterministic, rngs=rngs)
-    return self.decode(encoded, encoder, Features.from_batch(batch, 'decoder'),
-                       deterministic=deterministic, rngs=rngs)
+    return self.decode_hidden(encoded, encoder, Features.from_batch(batch, 'decoder'),
+                              deterministic=deterministic, rngs=rngs)
 
   def init_cache(self, encoder_tokens: jax.Array, length: int) -> DecodeCache:
     """A cache for decoding `length` tokens (start token included) from encoder_tokens (b, m),
@@ -363,7 +385,7 @@ class EncoderDecoder(nnx.Module):
                        encoder_valid=encoder_tokens > 0)
 
 
-class EncoderOnly(nnx.Module):
+class EncoderOnly(LanguageModel):
   """BERT-like: a bidirectional stack with per-token vocabulary logits (the MLM head), and with
   `next_sentence` BERT's pooler and next-sentence classifier over the first ([CLS]) token."""
 
@@ -385,21 +407,15 @@ class EncoderOnly(nnx.Module):
     return self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic,
                         rngs=self.rngs if rngs is None else rngs)
 
-  def lm_logits(self, x: jax.Array) -> jax.Array:
-    """(b, l, d) hidden states -> (b, l, vocab) float32 MLM logits."""
-    return output_logits(self.cfg, self.embed, self.lm_head, x)
+  hidden_states = encode  # the MLM head's input is the encoder's output
 
   def next_sentence_logits(self, x: jax.Array) -> jax.Array:
     """(b, l, d) hidden states -> (b, 2) float32 logits of (is next, is random) from [CLS]."""
     pooled = jnp.tanh(self.pooler(x[:, 0]))  # (b, d)
     return self.next_sentence_head(pooled).astype(jnp.float32)
 
-  def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-               rngs: nnx.Rngs | None = None) -> jax.Array:
-    return self.lm_logits(self.encode(batch, deterministic=deterministic, rngs=rngs))
 
-
-class DecoderOnly(nnx.Module):
+class DecoderOnly(LanguageModel):
   """GPT-like: one causal stack over `decoder_input_tokens`."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -408,12 +424,12 @@ class DecoderOnly(nnx.Module):
     self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=False,
                          rngs=rngs)
 
-  def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-               rngs: nnx.Rngs | None = None) -> jax.Array:
-    rngs = self.rngs if rngs is None else rngs
+  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+                    rngs: nnx.Rngs | None = None) -> jax.Array:
+    """The batch -> the decoder's final (b, l, d) hidden states."""
     decoder = Features.from_batch(batch, 'decoder')
-    x = self.decoder(self.embed(decoder.tokens), decoder, deterministic=deterministic, rngs=rngs)
-    return output_logits(self.cfg, self.embed, self.lm_head, x)
+    return self.decoder(self.embed(decoder.tokens), decoder, deterministic=deterministic,
+                        rngs=self.rngs if rngs is None else rngs)
 
   def init_cache(self, start: jax.Array, length: int) -> DecodeCache:
     """A cache for decoding `length` tokens, prompts included; start (b,) is the position of each

@@ -5,6 +5,8 @@ big batch: the step adds the sums of its microbatches and divides once by `loss_
 of the whole batch.
 """
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +33,9 @@ def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, *, z_loss: 
   vocab = logits.shape[-1]
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [...]
   is_target = jnp.arange(vocab) == targets[..., None]  # [..., vocab], fused into the sum below
-  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [...]
+  # A product, not jnp.where(is_target, logits, 0.0): that one's zeros [..., vocab] depend on
+  # nothing, so under chunked_token_losses' loop autodiff hoists them out as a stored array.
+  target_logit = jnp.sum(logits * is_target, axis=-1)  # [...]
   confidence = 1.0 - label_smoothing
   low_confidence = label_smoothing / (vocab - 1)
   # -sum_v q_v log p_v = log_z - sum_v q_v logits_v, for the smoothed target distribution q.
@@ -58,6 +62,39 @@ def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array, *,
   correct = jnp.argmax(logits, axis=-1) == targets
   return dict(loss=jnp.sum(loss * weights), z_loss=jnp.sum(z * weights),
               weight=jnp.sum(weights), correct=jnp.sum(correct * weights))
+
+
+def chunked_token_losses(x: jax.Array, project: Callable[[jax.Array], jax.Array],
+                         targets: jax.Array, weights: jax.Array, num_chunks: int, *,
+                         z_loss: float = 0.0, label_smoothing: float = 0.0
+                         ) -> dict[str, jax.Array]:
+  """`token_losses(project(x), targets, weights)` without ever holding all the logits.
+
+  For vocabularies large enough that the float32 logits [b, l, vocab] and their gradient are
+  the biggest arrays of a train step. The length is padded with weight 0 to a multiple of
+  `num_chunks` and every row cut into `num_chunks` slices of c positions, so each chunk [b, c]
+  keeps the batch axis and its sharding. `jax.lax.map` projects one chunk's hidden states
+  x [b, c, d] at a time and keeps only its sums; under `jax.checkpoint` the backward pass
+  recomputes each chunk's logits rather than storing them. The logits then take [b, c, vocab]
+  at a time, for a second projection matmul in the backward pass.
+  """
+  if num_chunks < 1:
+    raise ValueError(f'train.loss_chunks must be 0 (off) or a number of chunks, got {num_chunks}')
+  batch, length = targets.shape
+  size = -(-length // num_chunks)  # c, rounded up
+
+  def chunks(a):  # [b, l, ...] -> [num_chunks, b, c, ...]
+    a = jnp.pad(a, [(0, 0), (0, size * num_chunks - length)] + [(0, 0)] * (a.ndim - 2))
+    return jnp.moveaxis(a.reshape(batch, num_chunks, size, *a.shape[2:]), 1, 0)
+
+  @jax.checkpoint
+  def chunk_sums(chunk):
+    x, targets, weights = chunk
+    return token_losses(project(x), targets, weights, z_loss=z_loss,
+                        label_smoothing=label_smoothing)
+
+  sums = jax.lax.map(chunk_sums, (chunks(x), chunks(targets), chunks(weights)))
+  return jax.tree.map(lambda s: jnp.sum(s, axis=0), sums)
 
 
 def binary_losses(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:

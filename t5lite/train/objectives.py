@@ -62,6 +62,11 @@ def make(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
   """ELECTRA for model.arch='electra', BERT's for model.next_sentence, distillation given a
   teacher, else the token loss; `exact_match` (lm only) makes evaluation count target sequences
   predicted exactly."""
+  if config.train.loss_chunks and (model_cfg.arch == 'electra' or model_cfg.next_sentence
+                                   or teacher is not None):
+    raise ValueError(f'train.loss_chunks={config.train.loss_chunks} chunks the lm objective '
+                     'alone; ELECTRA, next-sentence and distillation runs need the full logits: '
+                     'set it to 0')
   if model_cfg.arch == 'electra':
     return electra(model_cfg, config.train)
   if model_cfg.next_sentence != (config.data.objective == 'mlm_nsp'):
@@ -114,21 +119,13 @@ def next_sentence(model_cfg: ModelConfig, train_cfg) -> Objective:
     return {'mlm': losses.loss_denominator(batch['encoder_loss_weights'], normalizer),
             'next_sentence': jnp.float32(batch['next_sentence_labels'].shape[0])}
 
-  def loss(sums, denominators):
-    return (sums['mlm']['loss'] / denominators['mlm']
-            + sums['next_sentence']['loss'] / denominators['next_sentence'])
+  loss = _sum_of_means({'mlm': 1.0, 'next_sentence': 1.0})
 
   def metrics(sums):
-    mlm, pairs = sums['mlm'], sums['next_sentence']
-    return {
-        'loss': loss(sums, {term: _nonzero(s['weight']) for term, s in sums.items()}),
-        'accuracy': _per_token(mlm, 'correct'),
-        'mlm_loss': _per_token(mlm, 'loss'),
-        'z_loss': _per_token(mlm, 'z_loss'),
-        'next_sentence_loss': _per_token(pairs, 'loss'),
-        'next_sentence_accuracy': _per_token(pairs, 'correct'),
-        'target_tokens': mlm['weight'],
-    }
+    pairs = sums['next_sentence']
+    return {'loss': loss(sums, _weights(sums)), 'accuracy': _per_token(sums['mlm'], 'correct'),
+            **_mlm_metrics(sums['mlm']), 'next_sentence_loss': _per_token(pairs, 'loss'),
+            'next_sentence_accuracy': _per_token(pairs, 'correct')}
 
   return Objective(sums, denominators, loss, metrics)
 
@@ -164,22 +161,13 @@ def electra(model_cfg: ModelConfig, train_cfg) -> Objective:
             'discriminator': losses.loss_denominator(original_tokens(batch) != PAD_ID,
                                                      normalizer)}
 
-  def loss(sums, denominators):
-    return (sums['mlm']['loss'] / denominators['mlm'] + REPLACED_TOKEN_WEIGHT
-            * sums['discriminator']['loss'] / denominators['discriminator'])
+  loss = _sum_of_means({'mlm': 1.0, 'discriminator': REPLACED_TOKEN_WEIGHT})
 
   def metrics(sums):
-    mlm, discriminator = sums['mlm'], sums['discriminator']
-    return {
-        'loss': loss(sums, {term: _nonzero(s['weight']) for term, s in sums.items()}),
-        'accuracy': _per_token(discriminator, 'correct'),
-        'mlm_loss': _per_token(mlm, 'loss'),
-        'mlm_accuracy': _per_token(mlm, 'correct'),
-        'z_loss': _per_token(mlm, 'z_loss'),
-        'discriminator_loss': _per_token(discriminator, 'loss'),
-        'replaced': _per_token(discriminator, 'replaced'),  # fraction of tokens replaced
-        'target_tokens': mlm['weight'],
-    }
+    discriminator = sums['discriminator']
+    return {'loss': loss(sums, _weights(sums)), 'accuracy': _per_token(discriminator, 'correct'),
+            **_mlm_metrics(sums['mlm']), 'discriminator_loss': _per_token(discriminator, 'loss'),
+            'replaced': _per_token(discriminator, 'replaced')}  # fraction of tokens replaced
 
   return Objective(sums, denominators, loss, metrics)
 
@@ -314,6 +302,26 @@ def check_teacher(teacher: ModelConfig, teacher_vocabulary: str, student: ModelC
   if not 0.0 <= train.distill_alpha <= 1.0 or not train.distill_temperature > 0:
     raise ValueError(f'train.distill_alpha must be in [0, 1] and train.distill_temperature '
                      f'positive, got {train.distill_alpha} and {train.distill_temperature}')
+
+
+def _sum_of_means(factors: dict[str, float]) -> Callable:
+  """loss(sums, denominators): each term's summed loss over its denominator, times its factor,
+  added up (BERT's MLM + next sentence, ELECTRA's MLM + 50 x replaced-token detection)."""
+  def loss(sums, denominators):
+    return sum(factor * sums[term]['loss'] / denominators[term]
+               for term, factor in factors.items())
+  return loss
+
+
+def _mlm_metrics(mlm: dict) -> dict:
+  """The masked-LM term's per-token metrics, beside an objective's own."""
+  return {'mlm_loss': _per_token(mlm, 'loss'), 'mlm_accuracy': _per_token(mlm, 'correct'),
+          'z_loss': _per_token(mlm, 'z_loss'), 'target_tokens': mlm['weight']}
+
+
+def _weights(sums: dict) -> dict:
+  """Each term's summed weight: the denominators of a step's or an evaluation's metrics."""
+  return {term: _nonzero(term_sums['weight']) for term, term_sums in sums.items()}
 
 
 def _dropout_key(model_cfg: ModelConfig, key: jax.Array, train: bool) -> jax.Array | None:

@@ -39,12 +39,21 @@ def target_features(model_cfg: ModelConfig) -> tuple[str, str]:
 def loss_sums(model, batch, model_cfg: ModelConfig, train_cfg, *, dropout_key=None,
               sequences: bool = False):
   """Summed loss, z-loss, weight and correct predictions of one (micro)batch; dropout iff a key;
-  with `sequences`, also the counts of target sequences and exact ones."""
+  with `sequences`, also the counts of target sequences and exact ones.
+
+  With `train.loss_chunks` the logits are projected and reduced chunk by chunk
+  (`losses.chunked_token_losses`), except for counting exact sequences, which reads every
+  position's argmax: that is evaluation, without gradients, on short fine-tuning targets.
+  """
   rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
-  logits = model(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, vocab) float32
   targets, weights = (batch[name] for name in target_features(model_cfg))
-  sums = losses.token_losses(logits, targets, weights, z_loss=train_cfg.z_loss,
-                             label_smoothing=train_cfg.label_smoothing)
+  options = dict(z_loss=train_cfg.z_loss, label_smoothing=train_cfg.label_smoothing)
+  if train_cfg.loss_chunks and not sequences:
+    x = model.hidden_states(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, d)
+    return losses.chunked_token_losses(x, model.lm_logits, targets, weights,
+                                       train_cfg.loss_chunks, **options)
+  logits = model(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, vocab) float32
+  sums = losses.token_losses(logits, targets, weights, **options)
   if sequences:
     side = target_features(model_cfg)[0].split('_')[0]  # decoder_target_tokens -> decoder
     segment_ids = batch.get(f'{side}_segment_ids', (weights > 0).astype(jnp.int32))

@@ -116,3 +116,39 @@ def test_bad_label_smoothing():
   with pytest.raises(ValueError, match=r'train.label_smoothing must be in \[0, 1\), got 1.0'):
     losses.token_losses(jnp.zeros((1, 2, 5)), np.zeros((1, 2), int), np.ones((1, 2)),
                         label_smoothing=1.0)
+
+
+@pytest.mark.parametrize('num_chunks', [1, 3, 4])
+def test_chunked_losses_and_gradients_equal_unchunked(num_chunks):
+  # 2 rows of 7 positions: 3 and 4 chunks leave padding (14 tokens, 7 per row, divide neither).
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 7, 16)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(16, 50)) / 4, jnp.float32)
+  # Half the targets are the argmax, so that `correct` counts something.
+  targets = np.where(rng.random((2, 7)) < 0.5, np.argmax(x @ kernel, -1),
+                     rng.integers(0, 50, (2, 7)))
+  weights = (rng.random((2, 7)) < 0.8).astype(np.float32)
+  options = dict(z_loss=1e-2, label_smoothing=0.1)
+
+  def whole(x, kernel):
+    return losses.token_losses(x @ kernel, targets, weights, **options)
+
+  def chunked(x, kernel):
+    return losses.chunked_token_losses(x, lambda h: h @ kernel, targets, weights, num_chunks,
+                                       **options)
+
+  want, got = whole(x, kernel), chunked(x, kernel)
+  assert 0 < want['correct'] < want['weight'] and want['z_loss'] > 0
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, err_msg=name)
+  want_grads, got_grads = (jax.grad(lambda *a: f(*a)['loss'], argnums=(0, 1))(x, kernel)
+                           for f in (whole, chunked))
+  for want_grad, got_grad, name in zip(want_grads, got_grads, ('x', 'kernel')):
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_chunk_count_must_be_positive():
+  with pytest.raises(ValueError, match='train.loss_chunks must be 0 .off. or a number of chunks, '
+                                       'got -1'):
+    losses.chunked_token_losses(jnp.zeros((1, 2, 3)), lambda h: h, np.zeros((1, 2), int),
+                                np.ones((1, 2)), -1)

@@ -6,9 +6,11 @@ import pytest
 from flax import nnx
 
 from t5lite import config as config_lib
+from t5lite.models import build
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import objectives
 from t5lite.train import optim
+from t5lite.train import plan
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
 
@@ -39,7 +41,8 @@ def synthetic_batch(seed: int) -> dict:
               decoder_loss_weights=(targets > 0).astype(np.int32))
 
 
-def train_losses(config, num_steps=5) -> list[float]:
+def train(config, num_steps=5):
+  """(losses, final params) of `num_steps` steps on the synthetic batches."""
   model_cfg = config_lib.model_config(config)
   sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:int(np.prod(sizes))])
@@ -55,7 +58,11 @@ def train_losses(config, num_steps=5) -> list[float]:
       batch = {k: jax.device_put(v, batch_sharding) for k, v in synthetic_batch(i).items()}
       state, metrics = step(state, batch, None)
       losses.append(float(metrics['loss']))
-  return losses
+  return losses, state.params
+
+
+def train_losses(config, num_steps=5) -> list[float]:
+  return train(config, num_steps)[0]
 
 
 @pytest.fixture(scope='module')
@@ -94,3 +101,96 @@ def test_dropout_training_is_reproducible():
   first, again = (train_losses(small_config(dropout=0.1), num_steps=3) for _ in range(2))
   assert first == again  # the dropout key is fold_in(rng, step): a rerun draws the same masks
   assert all(np.isfinite(first))
+
+
+def test_chunked_loss_gives_the_same_steps():
+  def config(chunks, *mesh):
+    config = small_config(*mesh)
+    config.model.update(num_encoder_layers=1, num_decoder_layers=1)
+    config.train.update(loss_chunks=chunks, label_smoothing=0.1)
+    return config
+
+  want_losses, want_params = train(config(0), num_steps=2)
+  # On a 2x2x2 mesh: every chunk keeps the batch sharding, its logits split over 'tensor'.
+  got_losses, got_params = train(config(4, 2, 2, 2), num_steps=2)
+  np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5),
+               got_params, want_params)
+
+
+@pytest.mark.parametrize('arch, tie_embeddings', [('encoder_decoder', True), ('encoder', True),
+                                                  ('decoder', False)])
+def test_chunked_loss_sums_and_gradients_for_every_arch(arch, tie_embeddings):
+  config = small_config(dropout=0.1)
+  config.model.update(arch=arch, tie_embeddings=tie_embeddings, num_encoder_layers=1,
+                      num_decoder_layers=1)
+  config.train.label_smoothing = 0.1
+  model_cfg = config_lib.model_config(config)
+  graphdef, params, rest = nnx.split(build(model_cfg, nnx.Rngs(0)), nnx.Param, ...)
+  batch = synthetic_batch(0)
+  if arch == 'encoder':  # MLM's features: the encoder predicts the decoder's targets here
+    batch = dict(encoder_input_tokens=batch['decoder_input_tokens'],
+                 encoder_target_tokens=batch['decoder_target_tokens'],
+                 encoder_loss_weights=batch['decoder_loss_weights'])
+
+  @jax.jit
+  def sums_and_grads(params):  # 3 chunks of the 8 targets: one position of padding per row
+    def loss(params, chunks):
+      config.train.loss_chunks = chunks
+      model = nnx.merge(graphdef, params, rest)
+      sums = step_lib.loss_sums(model, batch, model_cfg, config.train,
+                                dropout_key=jax.random.key(1))  # the same masks for both
+      return sums['loss'], sums
+    return [jax.grad(loss, has_aux=True)(params, chunks) for chunks in (0, 3)]
+
+  (want_grads, want), (got_grads, got) = sums_and_grads(params)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, err_msg=name)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5),
+               got_grads, want_grads)
+
+
+def test_chunked_loss_needs_less_memory():
+  # T5's vocabulary with a narrow model: the float32 logits (8, 128, 32768) are 128 MiB.
+  config = small_config()
+  config.model.update(vocab_size=32768, num_encoder_layers=1, num_decoder_layers=1)
+  config.data.targets_length = 128
+  model_cfg, rules = config_lib.model_config(config), mesh_lib.DEFAULT_RULES
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
+  optimizer = optim.make_optimizer(config.optim, 100)
+  schedule = optim.make_schedule(config.optim, 100)
+  spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, rules)
+  batch = plan.abstract_batch(model_cfg, config.data, mesh_lib.batch_sharding(mesh))
+
+  def compiled(chunks):  # the real step, compiled from shapes: nothing runs
+    config.train.loss_chunks = chunks
+    return plan.compile_train_step(config, objectives.lm(model_cfg, config.train), mesh, rules,
+                                   spec, optimizer, schedule, batch)
+
+  whole, chunked = compiled(0), compiled(4)
+  whole_bytes, chunked_bytes = (c.memory_analysis().temp_size_in_bytes for c in (whole, chunked))
+  print(f'train step temporaries: {whole_bytes / 2**20:.1f} MiB with all logits, '
+        f'{chunked_bytes / 2**20:.1f} MiB in 4 chunks')
+  assert chunked_bytes < 0.6 * whole_bytes
+  # No buffer of every logit, as (b, l, vocab) or as (b * l, vocab), in the chunked program.
+  logits = ('f32[8,128,32768]', 'f32[1024,32768]')
+  assert any(shape in whole.as_text() for shape in logits)
+  assert not any(shape in chunked.as_text() for shape in logits)
+
+
+@pytest.mark.parametrize('objective', ['electra', 'next_sentence', 'distillation'])
+def test_loss_chunks_are_refused_where_the_objective_needs_all_logits(objective):
+  config = small_config()
+  config.train.loss_chunks = 4
+  teacher = None
+  if objective == 'electra':
+    config.model.arch = 'electra'
+  if objective == 'next_sentence':
+    config.model.update(arch='encoder', next_sentence=True)
+    config.data.objective = 'mlm_nsp'
+  if objective == 'distillation':
+    teacher = objectives.Teacher(config_lib.model_config(config), None, None, None)
+  with pytest.raises(ValueError, match='train.loss_chunks=4 chunks the lm objective alone; '
+                                       'ELECTRA, next-sentence and distillation runs') as error:
+    objectives.make(config, config_lib.model_config(config), teacher)
+  assert '\n' not in str(error.value)
