@@ -3,11 +3,13 @@
 XLA compiles the real train step of a preset for one CPU device from shapes alone, as
 `t5lite plan --topology=cpu:1` does (nothing is allocated or run), once per chunk count, and
 reads its temporary bytes (activations, gradients, logits: everything but the state and the
-batch). The defaults are T5 v1.1 base at its pretraining batch, 128 x 512/114, where the
-float32 logits (128, 114, 32128) and their gradient take 1.75 GiB each.
+batch). The defaults are GPT-2 small at 16 x 1024 with full remat and scanned layers, a step
+whose peak is the float32 logits (16, 1024, 50304): 3.1 GiB, and their gradient as much. T5 v1.1
+base at its pretraining batch peaks in the encoder instead (and takes minutes to compile on CPU):
 
-  python bench/loss_chunks.py                       # the preset as it is: float32, no remat
-  python bench/loss_chunks.py --remat_policy=full --scan_layers  # as on an accelerator
+  python bench/loss_chunks.py
+  python bench/loss_chunks.py --model=t5_1_1_base --batch_size=128 --inputs_length=512 \
+      --targets_length=114 --remat_policy=none --no-scan_layers
 """
 
 import argparse
@@ -31,14 +33,14 @@ from t5lite.train import plan  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--model', default='t5_1_1_base', help='a preset in configs/')
+  parser.add_argument('--model', default='gpt2_small', help='a preset in configs/')
   parser.add_argument('--chunks', default='0,8', help='comma-separated train.loss_chunks')
-  parser.add_argument('--batch_size', type=int, default=128)
-  parser.add_argument('--inputs_length', type=int, default=512)
-  parser.add_argument('--targets_length', type=int, default=114)
+  parser.add_argument('--batch_size', type=int, default=16)
+  parser.add_argument('--inputs_length', type=int, default=0)
+  parser.add_argument('--targets_length', type=int, default=1024)
   parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
-  parser.add_argument('--remat_policy', choices=('none', 'full', 'save_dots'), default='none')
-  parser.add_argument('--scan_layers', action='store_true')
+  parser.add_argument('--remat_policy', choices=('none', 'full', 'save_dots'), default='full')
+  parser.add_argument('--scan_layers', action=argparse.BooleanOptionalAction, default=True)
   return parser.parse_args(argv)
 
 
