@@ -400,14 +400,12 @@ class EncoderOnly(LanguageModel):
       self.next_sentence_head = Dense((cfg.d_model,), (2,), ('mlp', None),
                                       std=cfg.d_model**-0.5, cfg=cfg, rngs=rngs)
 
-  def encode(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-             rngs: nnx.Rngs | None = None) -> jax.Array:
+  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
+                    rngs: nnx.Rngs | None = None) -> jax.Array:
     """The batch's encoder tokens -> (b, l, d) hidden states, read by both heads."""
     encoder = Features.from_batch(batch, 'encoder')
     return self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic,
                         rngs=self.rngs if rngs is None else rngs)
-
-  hidden_states = encode  # the MLM head's input is the encoder's output
 
   def next_sentence_logits(self, x: jax.Array) -> jax.Array:
     """(b, l, d) hidden states -> (b, 2) float32 logits of (is next, is random) from [CLS]."""

@@ -103,7 +103,7 @@ def next_sentence(model_cfg: ModelConfig, train_cfg) -> Objective:
     del frozen
     dropout_key = _dropout_key(model_cfg, key, train)
     rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
-    x = model.encode(batch, deterministic=rngs is None, rngs=rngs)  # (b, l, d)
+    x = model.hidden_states(batch, deterministic=rngs is None, rngs=rngs)  # (b, l, d)
     logits = model.lm_logits(x)  # (b, l, v)
     labels = batch['next_sentence_labels']  # (b,)
     return {

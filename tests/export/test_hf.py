@@ -260,8 +260,8 @@ def test_bert_with_next_sentence_prediction_exports_to_transformers(tmp_path):
   export_hf(nnx.state(model, nnx.Param), cfg, str(tmp_path))
   hf = transformers.BertForNextSentencePrediction.from_pretrained(str(tmp_path)).eval()
   tokens, types = bert_batch(10)
-  hidden = model.encode({'encoder_input_tokens': jnp.asarray(tokens),
-                         'encoder_token_types': jnp.asarray(types)})
+  hidden = model.hidden_states({'encoder_input_tokens': jnp.asarray(tokens),
+                                'encoder_token_types': jnp.asarray(types)})
   ours = np.asarray(model.next_sentence_logits(hidden))  # (b, 2)
   with torch.no_grad():
     out = hf(input_ids=torch.tensor(tokens, dtype=torch.long),
@@ -273,7 +273,8 @@ def test_bert_with_next_sentence_prediction_exports_to_transformers(tmp_path):
         f'{logit_diff.max():.2e}')
   assert hidden_diff.max() < TOLERANCE and logit_diff.max() < TOLERANCE
   # the token types matter: all-A inputs give other logits
-  same = model.next_sentence_logits(model.encode({'encoder_input_tokens': jnp.asarray(tokens)}))
+  all_a = model.hidden_states({'encoder_input_tokens': jnp.asarray(tokens)})
+  same = model.next_sentence_logits(all_a)
   assert np.abs(np.asarray(same) - ours).max() > 1e-2
 
 
