@@ -9,25 +9,17 @@ batches.
   t5lite train --config=configs/roberta_base.py --workdir=runs/roberta_base
 """
 
+import os
+
 from t5lite import config as t5config
+
+BERT_BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bert_base.py')
 
 
 def get_config():
-  config = t5config.base_config()
-  config.model.update(
-      t5config.BERT,
-      arch='encoder',
-      vocab_size=50304,
-      d_model=768,
-      d_ff=3072,
-      num_heads=12,
-      d_kv=64,
-      num_encoder_layers=12,
-      num_decoder_layers=0,
-      norm_eps=1e-5,
-      max_length=512)
-  config.data.update(objective='mlm', inputs_length=512, targets_length=0, batch_size=8192,
-                     noise_density=0.15)
+  config = t5config.load(BERT_BASE)
+  config.model.update(vocab_size=50304, norm_eps=1e-5, next_sentence=False)
+  config.data.update(objective='mlm', batch_size=8192)
   config.train.update(steps=500_000)
   # Adam, peak lr 6e-4 after 24k warmup steps, weight decay 0.01 (the paper: beta2 0.98, linear
   # decay; here optax's adamw with beta2 0.999 and cosine decay)
