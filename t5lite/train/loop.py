@@ -11,7 +11,6 @@ import dataclasses
 import itertools
 import json
 import os
-import signal
 import tempfile
 import time
 from typing import Callable, NamedTuple
@@ -33,29 +32,10 @@ from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import objectives
 from t5lite.train import optim
+from t5lite.train import preemption
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
 from t5lite.train.metrics import MetricWriter, console_line
-
-
-class Preempted:
-  """Turns SIGTERM into a flag read at the next step boundary, where the loop saves and exits."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def __call__(self, step: int) -> bool:
-    # Cloud TPU preemption notices arrive through JAX's sync point, on every process alike.
-    return self.requested or jax.distributed.is_initialized() and (
-        multihost_utils.reached_preemption_sync_point(step))
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
 
 
 def prepare_workdir(workdir: str, config: ml_collections.ConfigDict | None = None) -> None:
@@ -216,7 +196,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, batch_shar
   train_cfg = config.train
   start = int(state.step)
   writer = MetricWriter(workdir, start)
-  preempted = Preempted()
+  preempted = preemption.Preempted()
   tokens_per_step, peak_fraction_per_second = rates
   batches = DeviceBatches(batches, batch_sharding)
   first = next(batches)
