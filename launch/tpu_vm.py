@@ -1,13 +1,15 @@
 """Train t5lite on a Cloud TPU VM slice: create it, install t5lite on every worker, train, delete.
 
   python launch/tpu_vm.py run --name=t5-base --zone=us-central2-b --accelerator_type=v4-32 \\
-      -- --config=configs/t5_1_1_base.py --workdir=gs://BUCKET/runs/t5-base
+      --restart_on_preemption -- --config=configs/t5_1_1_base.py --workdir=gs://BUCKET/runs/t5-base
 
 Actions: create | setup | train | logs | delete | run (= create, setup, train). Everything after
 `--` is passed unchanged to `t5lite train` on every worker, which finds the other workers by itself
 (`jax.distributed.initialize()` reads the TPU VM environment) and resumes from the workdir's latest
 checkpoint. Each action is a list of gcloud commands built by a pure function below; `--dry_run`
-prints them, one per line, instead of running them. Run it from the repository root.
+prints them, one per line, instead of running them. With --restart_on_preemption, `run` stays:
+it resumes training after each preemption and deletes the slice once training has finished.
+Run it from the repository root.
 """
 
 import argparse
@@ -27,9 +29,17 @@ RUNTIME_VERSIONS = {
     'v5litepod': 'v2-alpha-tpuv5-lite',
     'v6e': 'v2-alpha-tpuv6e',
 }
-# Generations whose accelerator type counts TensorCores (2 a chip); v5litepod and v6e count chips.
+# The slice sizes each generation offers as --accelerator-type GENERATION-SIZE (Cloud TPU docs,
+# "TPU versions"): TensorCores (2 a chip) for v2 to v5p, chips for v5e (v5litepod) and v6e.
+SLICE_SIZES = {
+    'v2': (8, 32, 128, 256, 512),
+    'v3': (8, 32, 64, 128, 256, 512, 1024, 2048),
+    'v4': (8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 4096),
+    'v5p': (8, 16, 32, 64, *range(128, 12288 + 1, 128)),  # past a cube (64 chips): whole cubes
+    'v5litepod': (1, 4, 8, 16, 32, 64, 128, 256),
+    'v6e': (1, 4, 8, 16, 32, 64, 128, 256),
+}
 COUNTS_CORES = ('v2', 'v3', 'v4', 'v5p')
-CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # the v5e and v6e slice sizes
 NAME_PATTERN = r'[a-z]([-a-z0-9]{0,61}[a-z0-9])?'
 ZONE_PATTERN = r'[a-z]+-[a-z]+[0-9]+-[a-z]'
 
@@ -39,19 +49,32 @@ REMOTE_DIR = 't5lite'  # relative to the worker's home; `t5lite train` runs ther
 VENV = '$HOME/t5lite-venv'  # the TPU VM images ship Python 3.10; t5lite needs 3.11
 LOG = '$HOME/t5lite-train.log'
 EXIT_FILE = '$HOME/t5lite-train.exit'  # holds the exit status once `t5lite train` has ended
+# `t5lite train`'s exit status when it saved and stopped before train.steps (preemption, SIGTERM):
+# EXIT_STOPPED_EARLY of t5lite/train/preemption.py, mirrored: the launcher runs without t5lite.
+EXIT_STOPPED_EARLY = 75
 LOST_STATES = {'PREEMPTED', 'TERMINATED', 'SUSPENDING', 'SUSPENDED', 'FAILED', 'NOT_FOUND'}
+HEALTHY_STATES = {'READY', 'ACTIVE'}  # a TPU VM's, a queued resource's
+# A preempted worker takes its peers down (their collectives fail) before the slice's state says
+# PREEMPTED: a run that failed is called a crash only once the state has stayed healthy this long.
+PREEMPTION_GRACE_SECONDS = 300
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def accelerator_type(text: str) -> str:
-  """argparse type: a known generation and a slice size that exists for it."""
-  match = re.fullmatch(r'(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)', text)
-  size = int(match.group(2)) if match else 0
-  if match and (size % 8 == 0 if match.group(1) in COUNTS_CORES else size in CHIP_SLICES):
-    return text
-  raise argparse.ArgumentTypeError(
-      f'unknown accelerator type {text!r}: expected v2|v3|v4|v5p-CORES (a multiple of 8, '
-      'e.g. v4-8) or v5litepod|v6e-CHIPS (1, 4, 8, 16, ..., 256; TPU v5e is v5litepod-N)')
+  """argparse type: a known generation and a slice size it offers."""
+  generation, _, size = text.rpartition('-')
+  if generation not in SLICE_SIZES:
+    raise argparse.ArgumentTypeError(
+        f'unknown accelerator type {text!r}: expected GENERATION-SIZE, GENERATION one of '
+        f'{", ".join(SLICE_SIZES)} (TPU v5e is v5litepod), e.g. v4-8 or v5litepod-16')
+  sizes = SLICE_SIZES[generation]
+  if size not in map(str, sizes):
+    shown = [*sizes[:7], '...', sizes[-1]] if len(sizes) > 12 else sizes
+    unit = 'TensorCores' if generation in COUNTS_CORES else 'chips'
+    raise argparse.ArgumentTypeError(
+        f'unknown accelerator type {text!r}: {generation} comes in '
+        f'{", ".join(map(str, shown))} {unit}, e.g. {generation}-{sizes[1]}')
+  return text
 
 
 def pattern(regex: str, what: str):
@@ -114,9 +137,13 @@ def setup_commands(args) -> list[list[str]]:
 
 
 def train_script(train_flags: list[str]) -> str:
-  """Start `t5lite train FLAGS` in the background, logging to ~/t5lite-train.log."""
-  train = (f'{VENV}/bin/t5lite train --multihost {shlex.join(train_flags)}; '
-           f'echo $? > {EXIT_FILE}')
+  """Start `t5lite train FLAGS` in the background, logging to ~/t5lite-train.log.
+
+  The shell around it ignores SIGTERM, which a VM shutting down (preemption, maintenance) sends
+  to every process: it outlives t5lite's last save and records its exit status (75).
+  """
+  train = (f'{VENV}/bin/t5lite train --multihost {shlex.join(train_flags)} & '
+           f'trap "" TERM; wait $!; echo $? > {EXIT_FILE}')
   return (f'cd {REMOTE_DIR} && rm -f {EXIT_FILE} && '
           f'nohup bash -c {shlex.quote(train)} > {LOG} 2>&1 < /dev/null &')
 
@@ -144,7 +171,11 @@ def state_command(args) -> list[str]:
 
 
 def exit_status_command(args) -> list[str]:
-  return ssh(args, '0', f'cat {EXIT_FILE} 2>/dev/null || true')
+  """Worker 0's `t5lite train` exit status; nothing while it runs; 75 (stopped early) when it is
+  gone without one, as after its VM restarted (maintenance). `[ ]` keeps pgrep from matching
+  this command itself."""
+  running = f'pgrep -f "{VENV}/bin/t5lite[ ]train" > /dev/null'
+  return ssh(args, '0', f'cat {EXIT_FILE} 2>/dev/null || {running} || echo {EXIT_STOPPED_EARLY}')
 
 
 def workdir(train_flags: list[str]) -> str | None:
@@ -185,6 +216,10 @@ def query(command: list[str]) -> str | None:
   return 'NOT_FOUND' if 'NOT_FOUND' in result.stderr else None
 
 
+def say(message: str):
+  print(f'tpu_vm.py: {message}', file=sys.stderr, flush=True)
+
+
 def create_slice(args):
   """Create the slice; a queued resource is only a request until it turns ACTIVE (maybe hours)."""
   execute(args, create_commands(args))
@@ -197,7 +232,7 @@ def create_slice(args):
     if state in LOST_STATES:
       raise SystemExit(f'tpu_vm.py: error: queued resource {args.name} is {state}: '
                        f'{shlex.join(gcloud(args, ["queued-resources", "describe", args.name]))}')
-    print(f'{args.name} is {state or "unknown"}; waiting for ACTIVE', file=sys.stderr, flush=True)
+    say(f'{args.name} is {state or "unknown"}; waiting for ACTIVE')
     time.sleep(args.poll_seconds)
 
 
@@ -206,36 +241,89 @@ def launch(args):
   execute(args, setup_commands(args) + train_commands(args))
 
 
-def relaunch(args, state: str | None) -> bool:
-  """Delete what is left of the slice and launch anew; False (try again later) if a step failed."""
-  try:
-    if state != 'NOT_FOUND':
-      execute(args, delete_commands(args))
-    launch(args)
-    return True
-  except (subprocess.CalledProcessError, SystemExit) as error:
-    print(f'tpu_vm.py: relaunch failed ({error}); next try in {args.poll_seconds:g} s',
-          file=sys.stderr, flush=True)
-    return False
-
-
 def watch(args) -> int:
-  """Poll until training ends (its exit status); recreate, reinstall and resume after preemption."""
+  """Poll until training has finished, then delete the slice; resume training after a preemption.
+
+  A lost slice (PREEMPTED, deleted by maintenance, ...) is recreated. Exit 0: training reached
+  train.steps. Any other exit: the slice may be on its way out, so its state is watched for
+  PREEMPTION_GRACE_SECONDS; lost: recreate it; healthy: after 75 (saved and stopped early) train
+  again on it, after anything else return that status (a crash, or 2: a mistake in the flags).
+  """
   if args.dry_run:
     execute(args, [state_command(args), exit_status_command(args)])
     return 0
-  running = True
   while True:
     time.sleep(args.poll_seconds)
     state = query(state_command(args))
-    if state in LOST_STATES or not running:
-      reason = f'is {state}' if state in LOST_STATES else 'did not start training'
-      print(f'tpu_vm.py: {args.name} {reason}; recreating it, training resumes from the latest '
-            'checkpoint in the workdir', file=sys.stderr, flush=True)
-      running = relaunch(args, state)
-    elif state in ('READY', 'ACTIVE') and (status := query(exit_status_command(args))):
-      print(f'tpu_vm.py: t5lite train exited with status {status}', file=sys.stderr)
-      return int(status.split()[-1])
+    if state in LOST_STATES:
+      recreate(args, state)
+      continue
+    status = training_status(args) if state in HEALTHY_STATES else None
+    if status is None:  # training, or the slice is busy (e.g. REPAIRING)
+      continue
+    say(f't5lite train exited with status {status}')
+    if status == 0:
+      return finish(args)
+    if lost := lost_within_grace(args):
+      recreate(args, lost)
+    elif status == EXIT_STOPPED_EARLY:
+      train_again(args)
+    else:
+      say(f'{args.name} is kept for its log (`logs`); delete it with: '
+          f'{shlex.join(delete_commands(args)[0])}')
+      return status
+
+
+def training_status(args) -> int | None:
+  output = query(exit_status_command(args))
+  last = output.split()[-1] if output else ''
+  return int(last) if last.isdigit() else None
+
+
+def lost_within_grace(args) -> str | None:
+  """The slice's state if it turns lost within PREEMPTION_GRACE_SECONDS, else None."""
+  deadline = time.monotonic() + PREEMPTION_GRACE_SECONDS
+  while time.monotonic() < deadline:
+    time.sleep(args.poll_seconds)
+    if (state := query(state_command(args))) in LOST_STATES:
+      return state
+  return None
+
+
+def recreate(args, state: str | None):
+  """Delete what is left of the slice, then create, install and train anew, until that works."""
+  say(f'{args.name} is {state}; recreating it, training resumes from the latest checkpoint in '
+      'the workdir')
+  while True:
+    try:
+      if state != 'NOT_FOUND':
+        execute(args, delete_commands(args))
+      launch(args)
+      return
+    except (subprocess.CalledProcessError, SystemExit) as error:
+      say(f'recreating {args.name} failed ({error}); next try in {args.poll_seconds:g} s')
+      time.sleep(args.poll_seconds)
+      state = query(state_command(args))
+
+
+def train_again(args):
+  """Resume on the same slice, which survived (a maintenance event, a SIGTERM); if training does
+  not start there, recreate the slice, as Cloud TPU's maintenance guide advises."""
+  say(f'{args.name} stayed healthy; training resumes on it from the latest checkpoint')
+  try:
+    execute(args, train_commands(args))
+  except subprocess.CalledProcessError as error:
+    say(f'training did not start on {args.name} ({error})')
+    recreate(args, query(state_command(args)))
+
+
+def finish(args) -> int:
+  """Training reached train.steps: delete the slice, which bills until deleted, unless kept."""
+  if args.keep_slice:
+    say(f'{args.name} is kept; delete it with: {shlex.join(delete_commands(args)[0])}')
+  else:
+    execute(args, delete_commands(args))
+  return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -266,7 +354,10 @@ def parser() -> argparse.ArgumentParser:
   train.add_argument('train_flags', nargs='*', metavar='-- T5LITE_TRAIN_FLAGS')
   restart = argparse.ArgumentParser(add_help=False)
   restart.add_argument('--restart_on_preemption', action='store_true',
-                       help='stay, recreate the slice when preempted and resume training')
+                       help='stay until training has finished, then delete the slice; after a '
+                       'preemption recreate the slice and resume training')
+  restart.add_argument('--keep_slice', action='store_true',
+                       help='with --restart_on_preemption: do not delete the slice at the end')
   top = argparse.ArgumentParser(prog='launch/tpu_vm.py', description=__doc__.split('\n')[0])
   actions = top.add_subparsers(dest='action', required=True, metavar='action')
   for name, parents, text in [
@@ -286,6 +377,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = top.parse_args(argv)
   if getattr(args, 'queued', False) and getattr(args, 'preemptible', False):
     top.error('queued resources take --spot, not --preemptible')
+  if getattr(args, 'keep_slice', False) and not args.restart_on_preemption:
+    top.error('--keep_slice goes with --restart_on_preemption (without it the launcher does not '
+              'wait for training to end)')
   if args.action in ('train', 'run') and not workdir(args.train_flags):
     top.error('give the t5lite train flags after --, with --workdir: '
               '-- --config=configs/t5_tiny.py --workdir=gs://BUCKET/RUN')

@@ -1,11 +1,14 @@
-"""The gcloud commands launch/tpu_vm.py prints with --dry_run, for a v4-8 and a v5litepod-32 slice.
+"""launch/tpu_vm.py: the gcloud commands it prints with --dry_run, and how its watcher reacts.
 
-Nothing here calls gcloud: every test goes through --dry_run or the pure command builders, and the
-remote training script is run by a local bash with a stand-in `t5lite`.
+Nothing here calls gcloud: the commands go through --dry_run or the pure command builders; the
+watcher runs against FakeGcloud, which answers from a script, on a clock that never waits; the
+remote scripts are run by a local bash with a stand-in `t5lite`.
 """
 
+import argparse
 import os
 import shlex
+import signal
 import subprocess
 import time
 
@@ -20,8 +23,11 @@ FLAGS = ['--config=configs/t5_tiny.py', '--workdir=gs://bucket/runs/tiny',
 TPUS = ['gcloud', 'compute', 'tpus']
 TRAIN = ("--command=cd t5lite && rm -f $HOME/t5lite-train.exit && nohup bash -c "
          "'$HOME/t5lite-venv/bin/t5lite train --multihost --config=configs/t5_tiny.py "
-         "--workdir=gs://bucket/runs/tiny --config.train.steps=100; "
-         "echo $? > $HOME/t5lite-train.exit' > $HOME/t5lite-train.log 2>&1 < /dev/null &")
+         "--workdir=gs://bucket/runs/tiny --config.train.steps=100 & "
+         "trap \"\" TERM; wait $!; echo $? > $HOME/t5lite-train.exit' > $HOME/t5lite-train.log "
+         "2>&1 < /dev/null &")
+STATUS = ('--command=cat $HOME/t5lite-train.exit 2>/dev/null || '
+          'pgrep -f "$HOME/t5lite-venv/bin/t5lite[ ]train" > /dev/null || echo 75')
 
 
 def dry_run(capsys, action, *argv):
@@ -125,8 +131,8 @@ def test_train_script_runs_t5lite_in_the_background_and_records_its_exit_status(
       break
     time.sleep(0.05)
   assert (tmp_path / 't5lite-train.exit').read_text() == '3\n'
-  assert (tmp_path / 'argv').read_text().splitlines() == [str(tmp_path / 't5lite'), 'train', '--multihost',
-                                                          *flags]
+  assert (tmp_path / 'argv').read_text().splitlines() == [
+      str(tmp_path / 't5lite'), 'train', '--multihost', *flags]
   assert (tmp_path / 't5lite-train.log').read_text() == 'training\n'
 
 
@@ -153,17 +159,28 @@ def test_run_is_create_setup_train_then_the_preemption_watch(capsys):
                                              ['tpu-vm', 'ssh']]
   assert commands[5][-1] == TRAIN
   assert commands[6:] == [describe, [*TPUS, 'tpu-vm', 'ssh', 't5-v5e', '--zone=us-west4-a',
-                                     '--worker=0', '--command=cat $HOME/t5lite-train.exit '
-                                     '2>/dev/null || true']]
+                                     '--worker=0', STATUS]]
 
 
 @pytest.mark.parametrize('argv, message', [
     (['create', '--zone=us-central2-b', '--accelerator_type=v4-8'], 'required: --name'),
     (['create', '--name=t5', '--accelerator_type=v4-8'], 'required: --zone'),
-    (['create', *V4, '--accelerator_type=v5e-32'], "unknown accelerator type 'v5e-32'"),
-    (['create', *V4, '--accelerator_type=v4-12'], "unknown accelerator type 'v4-12'"),
-    (['create', *V4, '--accelerator_type=v6e-12'], "unknown accelerator type 'v6e-12'"),
-    (['create', *V4, '--accelerator_type=tpu-8'], "unknown accelerator type 'tpu-8'"),
+    (['create', *V4, '--accelerator_type=v5e-32'],
+     "unknown accelerator type 'v5e-32': expected GENERATION-SIZE, GENERATION one of v2, v3, v4, "
+     'v5p, v5litepod, v6e (TPU v5e is v5litepod), e.g. v4-8 or v5litepod-16'),
+    (['create', *V4, '--accelerator_type=tpu-8'], "unknown accelerator type 'tpu-8': expected"),
+    (['create', *V4, '--accelerator_type=v2-16'],
+     "unknown accelerator type 'v2-16': v2 comes in 8, 32, 128, 256, 512 TensorCores, e.g. v2-32"),
+    (['create', *V4, '--accelerator_type=v4-24'],
+     "unknown accelerator type 'v4-24': v4 comes in 8, 16, 32, 64, 128, 256, 512, 1024, 1536, "
+     '2048, 4096 TensorCores, e.g. v4-16'),
+    (['create', *V4, '--accelerator_type=v5p-200'],
+     "unknown accelerator type 'v5p-200': v5p comes in 8, 16, 32, 64, 128, 256, 384, ..., 12288 "
+     'TensorCores, e.g. v5p-16'),
+    (['create', *V4, '--accelerator_type=v6e-12'],
+     "unknown accelerator type 'v6e-12': v6e comes in 1, 4, 8, 16, 32, 64, 128, 256 chips, "
+     'e.g. v6e-4'),
+    (['create', *V4, '--accelerator_type=v4-08'], "unknown accelerator type 'v4-08': v4 comes"),
     (['create', '--name=My_TPU', '--zone=us-central2-b', '--accelerator_type=v4-8'],
      "'My_TPU' is not a valid TPU name"),
     (['create', '--name=t5', '--zone=central', '--accelerator_type=v4-8'],
@@ -175,6 +192,8 @@ def test_run_is_create_setup_train_then_the_preemption_watch(capsys):
     (['train', *V4, '--accelerator_type=v4-8', '--', '--config=configs/t5_tiny.py'],
      'with --workdir'),
     (['train', *V4, '--accelerator_type=v4-8', '--workdir=gs://b/r'], 'unrecognized arguments'),
+    (['run', *V4, '--accelerator_type=v4-8', '--keep_slice', '--', *FLAGS],
+     '--keep_slice goes with --restart_on_preemption'),
     (['deploy', *V4], "invalid choice: 'deploy'"),
 ])
 def test_bad_inputs_fail_with_one_error_line(capsys, argv, message):
@@ -185,3 +204,188 @@ def test_bad_inputs_fail_with_one_error_line(capsys, argv, message):
   assert printed.out == ''
   errors = [line for line in printed.err.splitlines() if 'error:' in line]
   assert len(errors) == 1 and message in errors[0]
+
+
+@pytest.mark.parametrize('accelerator', [
+    'v2-8', 'v2-512', 'v3-64', 'v3-2048', 'v4-16', 'v4-1536', 'v4-4096', 'v5p-32', 'v5p-384',
+    'v5p-12288', 'v5litepod-1', 'v5litepod-256', 'v6e-4', 'v6e-256'])
+def test_accelerator_types_cloud_tpu_offers(accelerator):
+  assert tpu_vm.accelerator_type(accelerator) == accelerator
+
+
+def test_the_stopped_early_status_is_t5lites():
+  from t5lite.train import preemption
+  assert tpu_vm.EXIT_STOPPED_EARLY == preemption.EXIT_STOPPED_EARLY
+
+
+def command_kind(command: list[str]) -> str:
+  """create, delete, state, setup (mkdir, scp, install), train or status."""
+  action = command[4]
+  if action == 'ssh':
+    script = command[-1].removeprefix('--command=')
+    return 'status' if script.startswith('cat ') else 'train' if ' train ' in script else 'setup'
+  return {'describe': 'state', 'scp': 'setup'}.get(action, action)
+
+
+class FakeGcloud:
+  """Stands in for tpu_vm's `subprocess`: answers gcloud from a script, records what it was asked.
+
+  `states` answers the successive describes, `statuses` the successive reads of the exit status
+  ('' while training runs); the last answer repeats. `fail={'create': 2}`: the 2nd create fails.
+  """
+  CalledProcessError = subprocess.CalledProcessError
+
+  def __init__(self, states, statuses, fail=None):
+    self.answers = {'state': list(states), 'status': list(statuses)}
+    self.fail = fail or {}
+    self.calls = []
+
+  def run(self, command, check=False, **kwargs):
+    del kwargs
+    kind = command_kind(command)
+    self.calls.append(kind)
+    if check and self.fail.get(kind) == self.calls.count(kind):
+      raise subprocess.CalledProcessError(1, command)
+    answers = self.answers.get(kind, [''])
+    answer = answers.pop(0) if len(answers) > 1 else answers[0]
+    if answer == 'NOT_FOUND':
+      return subprocess.CompletedProcess(command, 1, '', 'ERROR: (gcloud) NOT_FOUND')
+    return subprocess.CompletedProcess(command, 0, answer + '\n', '')
+
+
+class FakeClock:
+  """tpu_vm's `time`: sleeping only moves the clock."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def monotonic(self):
+    return self.now
+
+  def sleep(self, seconds):
+    self.now += seconds
+
+
+LAUNCH = ['create', 'setup', 'setup', 'setup', 'train']
+GRACE = ['state'] * 5  # PREEMPTION_GRACE_SECONDS at one describe a minute
+
+
+def watch(monkeypatch, states, statuses, *flags, fail=None):
+  """(exit status, gcloud calls) of `run --restart_on_preemption` with a v4-32 slice."""
+  gcloud = FakeGcloud(states, statuses, fail)
+  monkeypatch.setattr(tpu_vm, 'subprocess', gcloud)
+  monkeypatch.setattr(tpu_vm, 'time', FakeClock())
+  status = tpu_vm.main(['run', *V4, '--accelerator_type=v4-32', '--restart_on_preemption',
+                        '--poll_seconds=60', *flags, '--', *FLAGS])
+  return status, gcloud.calls
+
+
+def test_watch_deletes_the_slice_once_training_has_finished(monkeypatch, capsys):
+  status, calls = watch(monkeypatch, ['READY', 'REPAIRING', 'READY'], ['', '0'])
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'status', 'delete']
+  assert 'tpu_vm.py: t5lite train exited with status 0' in capsys.readouterr().err
+
+
+def test_watch_keeps_the_slice_with_keep_slice(monkeypatch, capsys):
+  status, calls = watch(monkeypatch, ['READY'], ['0'], '--keep_slice')
+  assert (status, calls) == (0, [*LAUNCH, 'state', 'status'])
+  assert ('tpu_vm.py: t5-v4 is kept; delete it with: gcloud compute tpus tpu-vm delete t5-v4 '
+          '--zone=us-central2-b --quiet') in capsys.readouterr().err
+
+
+def test_watch_recreates_a_preempted_slice_and_resumes(monkeypatch):
+  status, calls = watch(monkeypatch, ['READY', 'PREEMPTED', 'READY'], ['', '0'])
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'delete', *LAUNCH, 'state', 'status',
+                   'delete']
+
+
+@pytest.mark.parametrize('exit_status', ['75', '1', '134'])
+def test_an_exit_followed_by_preemption_within_the_grace_period_recreates(monkeypatch,
+                                                                         exit_status):
+  """The processes saved and stopped (75), or lost a peer (1, 134), before the state said so."""
+  status, calls = watch(monkeypatch, ['READY', 'READY', 'READY', 'PREEMPTED', 'READY'],
+                        [exit_status, '0'])
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'state', 'delete', *LAUNCH,
+                   'state', 'status', 'delete']
+
+
+def test_stopped_early_on_a_slice_that_stays_healthy_trains_again_on_it(monkeypatch):
+  status, calls = watch(monkeypatch, ['READY'], ['75', '', '0'])
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'status', 'state',
+                   'status', 'delete']
+
+
+def test_training_that_does_not_start_again_recreates_the_slice(monkeypatch):
+  status, calls = watch(monkeypatch, ['READY'], ['75', '0'], fail={'train': 2})
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'delete', *LAUNCH,
+                   'state', 'status', 'delete']
+
+
+@pytest.mark.parametrize('exit_status', [1, 2, 134])
+def test_a_failure_on_a_slice_that_stays_healthy_is_returned_and_the_slice_kept(
+    monkeypatch, capsys, exit_status):
+  status, calls = watch(monkeypatch, ['READY'], [str(exit_status)])
+  assert (status, calls) == (exit_status, [*LAUNCH, 'state', 'status', *GRACE])
+  assert 'tpu_vm.py: t5-v4 is kept for its log (`logs`); delete it with:' in (
+      capsys.readouterr().err)
+
+
+def test_recreating_tries_again_until_it_works(monkeypatch):
+  status, calls = watch(monkeypatch, ['READY', 'NOT_FOUND', 'NOT_FOUND', 'READY'], ['', '0'],
+                        fail={'create': 2})
+  assert status == 0
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'create', 'state', *LAUNCH, 'state',
+                   'status', 'delete']
+
+
+def test_a_suspended_queued_resource_is_queued_again(monkeypatch):
+  gcloud = FakeGcloud(['ACTIVE', 'SUSPENDED', 'WAITING_FOR_RESOURCES', 'ACTIVE'], ['', '0'])
+  monkeypatch.setattr(tpu_vm, 'subprocess', gcloud)
+  monkeypatch.setattr(tpu_vm, 'time', FakeClock())
+  assert tpu_vm.main(['run', *V5E, '--accelerator_type=v5litepod-32', '--queued', '--spot',
+                      '--restart_on_preemption', '--', *FLAGS]) == 0
+  queued = ['create', 'state', *LAUNCH[1:]]  # create, wait for ACTIVE, setup, train
+  assert gcloud.calls == [*queued, 'state', 'delete', 'create', 'state', 'state', *LAUNCH[1:],
+                          'state', 'status', 'state', 'status', 'delete']
+
+
+def remote(script: str, home) -> str:
+  """What `script` prints when a worker runs it, here, with HOME=home."""
+  return subprocess.run(['bash', '-c', script], env=dict(os.environ, HOME=str(home)), text=True,
+                        capture_output=True, check=True, timeout=5).stdout.strip()
+
+
+def wait_for(condition, what: str):
+  for _ in range(200):
+    if condition():
+      return
+    time.sleep(0.05)
+  raise AssertionError(f'timed out waiting for {what}')
+
+
+def test_a_shutdown_sigterm_records_75_and_the_status_tells_running_stopped_and_gone(tmp_path):
+  """A VM shutting down sends SIGTERM to every process: the shell around t5lite must outlive it."""
+  fake = tmp_path / 't5lite-venv/bin/t5lite'
+  fake.parent.mkdir(parents=True)
+  fake.write_text('#!/bin/bash\ntrap "echo saved; exit 75" TERM\necho training\n'
+                  'while true; do sleep 0.05; done\n')
+  fake.chmod(0o755)
+  (tmp_path / 't5lite').mkdir()
+  status = tpu_vm.exit_status_command(argparse.Namespace(name='t5', zone='z', project=None))
+  status = status[-1].removeprefix('--command=')
+  assert remote(status, tmp_path) == '75'  # gone without a status: stopped early
+  training = subprocess.Popen(['bash', '-c', tpu_vm.train_script(FLAGS)], cwd=tmp_path,
+                              env=dict(os.environ, HOME=str(tmp_path)), start_new_session=True)
+  training.wait(timeout=5)
+  log = tmp_path / 't5lite-train.log'
+  wait_for(lambda: log.exists() and 'training' in log.read_text(), 't5lite to start')
+  assert remote(status, tmp_path) == ''  # running
+  os.killpg(training.pid, signal.SIGTERM)
+  wait_for((tmp_path / 't5lite-train.exit').exists, 'the exit status')
+  assert remote(status, tmp_path) == '75'
+  assert log.read_text().endswith('saved\n')  # t5lite saved before it exited
