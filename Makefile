@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 	$(BIN)/t5lite train --config=configs/t5_tiny.py --workdir=$(DEMO_DIR) \
 	    --config.train.steps=$(DEMO_STEPS) --config.data.batch_size=$(DEMO_BATCH) --config.train.eval_every=100
 	$(BIN)/t5lite eval --workdir=$(DEMO_DIR)
-	$(BIN)/t5lite export --workdir=$(DEMO_DIR) --out=$(DEMO_DIR)/hf
+	$(BIN)/t5lite export --workdir=$(DEMO_DIR) --out=$(DEMO_DIR)_hf
 
 finetune-demo: $(VENV)/.installed
 	$(BIN)/t5lite finetune --workdir=runs/ft_pretrained --from=$(DEMO_DIR) $(FT_FLAGS)

@@ -1,11 +1,13 @@
 """The `t5lite` command: parse flags, load the config, call one function. Nothing else lives here.
 
-Every failure a user can cause (a bad flag, a config that cannot work, a missing file) ends as
-one line on stderr and exit status 2, raised as ValueError or FileNotFoundError by the code that
-knows what is wrong. T5LITE_DEBUG=1 shows the full traceback instead.
+Every failure a user can cause (a bad flag, a config that cannot work, a missing file, a full
+disk) ends as one line on stderr and exit status 2, raised as ValueError, FileNotFoundError or
+OSError by the code that knows what is wrong; Ctrl-C outside training is one line and status 130.
+T5LITE_DEBUG=1 shows the full traceback instead.
 """
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -25,6 +27,8 @@ def load_run_config(args, overrides):
   from t5lite import config as config_lib
   if getattr(args, 'config', None):
     config = config_lib.load(args.config)
+  elif not hasattr(args, 'workdir'):
+    raise ValueError('give --config=PRESET, e.g. --config=configs/t5_tiny.py')
   else:
     config = config_lib.from_workdir(args.workdir)
   config_lib.override(config, overrides)
@@ -34,11 +38,12 @@ def load_run_config(args, overrides):
 
 @command('train', 'pretrain a model; resumes from the workdir if it holds a checkpoint')
 def train_command(args, overrides):
-  from t5lite.train import distributed, loop
+  from t5lite.train import distributed, loop, preemption
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
                          args.coordinator_timeout, args.multihost)
   config = load_run_config(args, overrides)
-  loop.train(config, args.workdir)
+  last = loop.train(config, args.workdir)
+  return 0 if last['step'] >= config.train.steps else preemption.EXIT_STOPPED_EARLY
 
 
 @command('eval', 'held-out loss and accuracy of the latest checkpoint')
@@ -57,7 +62,7 @@ def data_command(args, overrides):
   from t5lite.data import pipeline
   config = load_run_config(args, overrides)
   if args.out:
-    pipeline.write_batches(config.data, args.num_batches, args.out)
+    pipeline.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)
     print(f'wrote {args.num_batches} batches to {args.out}')
   if args.show:
     print(pipeline.show_examples(config.data, args.show))
@@ -67,7 +72,8 @@ def data_command(args, overrides):
 def export_command(args, overrides):
   from t5lite.train import workdir as workdir_lib
   config = load_run_config(args, overrides)
-  step = workdir_lib.export_workdir(config, args.workdir, args.out, step=args.step)
+  step = workdir_lib.export_workdir(config, args.workdir, args.out, step=args.step,
+                                   overwrite=args.overwrite)
   print(f'exported step {step} of {args.workdir} to {args.out}')
 
 
@@ -77,7 +83,7 @@ def infer_command(args, overrides):
   config = load_run_config(args, overrides)
   inputs = workdir_lib.read_inputs(args.input, args.input_file, args.input_key)
   outputs = workdir_lib.infer_workdir(
-      config, args.workdir, inputs, step=args.step, out=args.out,
+      config, args.workdir, inputs, step=args.step, out=args.out, overwrite=args.overwrite,
       max_decode_length=args.max_decode_length, seed=args.seed, method=args.method,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
       beam_size=args.beam_size, alpha=args.alpha)
@@ -115,83 +121,193 @@ def tokenizer_command(args, overrides):
   from t5lite.data import vocabulary
   if overrides:
     raise ValueError(f'tokenizer takes no --config overrides, got {overrides[0]}')
-  path = vocabulary.train_tokenizer(args.input, args.vocab_size, args.out)
+  path = vocabulary.train_tokenizer(args.input, args.vocab_size, args.out,
+                                     overwrite=args.overwrite)
   print(f'wrote {path}')
 
 
+EPILOG = ('Every setting of the config can be overridden as --config.a.b=value (parsed as the '
+          "type the setting has). A mistake stops with one line and exit status 2; "
+          'T5LITE_DEBUG=1 shows the traceback instead.')
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse's parser, whose refusals (a missing or malformed flag) are one line too."""
+
+  def error(self, message):
+    self.exit(2, f'{self.prog}: error: {message} (see {self.prog} --help)\n')
+
+
+class HelpFormatter(argparse.HelpFormatter):
+  """Shows each flag's default where it has one worth showing (not None or an unset switch)."""
+
+  def _get_help_string(self, action):
+    if action.default in (None, False, argparse.SUPPRESS) or action.required:
+      return action.help
+    return f'{action.help} (default: {action.default})'
+
+
 def parser() -> argparse.ArgumentParser:
-  top = argparse.ArgumentParser(prog='t5lite', description='T5-family pretraining in JAX/Flax.')
+  top = Parser(prog='t5lite', description='T5-family pretraining in JAX/Flax.',
+              epilog=EPILOG)
   sub = top.add_subparsers(dest='command', required=True, metavar='command')
-  parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
+  parsers = {name: sub.add_parser(name, help=text, description=text, epilog=EPILOG,
+                                  formatter_class=HelpFormatter)
+             for name, (_, text) in COMMANDS.items()}
   for name in ('train', 'eval', 'data', 'export', 'plan'):
-    parsers[name].add_argument('--config', help='preset file, e.g. configs/t5_tiny.py[:arg]')
+    parsers[name].add_argument(
+        '--config', help='preset file, e.g. configs/t5_tiny.py[:arg]'
+        + ('' if name in ('data', 'plan') else "; default: the workdir's saved config.json"))
   for name in ('train', 'eval', 'export', 'import-hf', 'finetune', 'infer'):
-    parsers[name].add_argument('--workdir', required=True)
-  parsers['train'].add_argument('--coordinator_address', help='HOST:PORT of process 0')
-  parsers['train'].add_argument('--num_processes', type=int)
-  parsers['train'].add_argument('--process_id', type=int)
-  parsers['train'].add_argument('--multihost', action='store_true',
-                                help='join a multi-process run JAX detects (TPU pod, SLURM)')
-  parsers['train'].add_argument('--coordinator_timeout', type=int, default=300,
-                                help='seconds to wait for all processes to join')
-  parsers['eval'].add_argument('--data', help='a .txt/.jsonl file to evaluate on instead')
-  parsers['eval'].add_argument('--num_batches', type=int, default=None)
-  parsers['data'].add_argument('--num_batches', type=int, default=4)
-  parsers['data'].add_argument('--out', help='.npz file for the batches')
-  parsers['data'].add_argument('--show', type=int, default=0, help='print K decoded examples')
-  parsers['export'].add_argument('--out', required=True)
-  parsers['export'].add_argument('--step', type=int, default=None, help='default: the latest')
+    parsers[name].add_argument('--workdir', required=True, help=WORKDIR_HELP[name])
+  for name in ('export', 'tokenizer', 'data', 'infer'):
+    parsers[name].add_argument('--overwrite', action='store_true',
+                               help='write over an existing file, or into a folder holding other '
+                               "files (only this command's files are replaced); never in or "
+                               'above the workdir')
+  train = parsers['train']
+  train.add_argument('--coordinator_address', help='HOST:PORT of process 0')
+  train.add_argument('--num_processes', type=int, help='processes in the run (with '
+                     '--coordinator_address)')
+  train.add_argument('--process_id', type=int, help="this process's index, 0 to num_processes-1")
+  train.add_argument('--multihost', action='store_true',
+                     help='join a multi-process run JAX detects (TPU pod, SLURM)')
+  train.add_argument('--coordinator_timeout', type=int, default=300,
+                     help='seconds to wait for all processes to join')
+  parsers['eval'].add_argument('--data', help='a .txt/.jsonl file to evaluate on instead of the '
+                               'validation split')
+  parsers['eval'].add_argument('--num_batches', type=int, default=None,
+                               help='default: train.eval_batches (a task: all its held-out batches)')
+  data = parsers['data']
+  data.add_argument('--num_batches', type=int, default=4, help='batches to write')
+  data.add_argument('--out', help='.npz file for the batches')
+  data.add_argument('--show', type=int, default=0, help='print K decoded examples')
+  export = parsers['export']
+  export.add_argument('--out', required=True,
+                      help='the Hugging Face folder to write, outside the workdir')
+  export.add_argument('--step', type=int, default=None, help='checkpoint step; default: the latest')
   infer = parsers['infer']
   infer.add_argument('--input', action='append', default=[], help='a text to decode; repeatable')
   infer.add_argument('--input_file', help='one input per line (.jsonl: a field of each line)')
   infer.add_argument('--input_key', default='input', help='the field of .jsonl inputs')
   infer.add_argument('--out', help='also write {"input": .., "output": ..} lines to this JSONL')
-  infer.add_argument('--step', type=int, default=None, help='default: the latest')
+  infer.add_argument('--step', type=int, default=None, help='checkpoint step; default: the latest')
   infer.add_argument('--max_decode_length', type=int, default=None,
-                     help='default: the run\'s data.targets_length')
-  infer.add_argument('--method', choices=('greedy', 'sample', 'beam'), default='greedy')
+                     help="default: the run's data.targets_length")
+  infer.add_argument('--method', choices=('greedy', 'sample', 'beam'), default='greedy',
+                     help='how tokens are chosen')
   infer.add_argument('--temperature', type=float, default=1.0, help='sample')
   infer.add_argument('--top_k', type=int, default=0, help='sample from the k most likely; 0: all')
   infer.add_argument('--top_p', type=float, default=1.0, help='sample from the nucleus of mass p')
-  infer.add_argument('--beam_size', type=int, default=4)
+  infer.add_argument('--beam_size', type=int, default=4, help='beam')
   infer.add_argument('--alpha', type=float, default=0.6,
                      help='beam length penalty ((5 + length) / 6)**alpha')
   infer.add_argument('--seed', type=int, default=0, help='sampling seed')
   parsers['import-hf'].add_argument('--hf', required=True, help='a Hugging Face T5 folder')
-  parsers['finetune'].add_argument('--from', dest='pretrained', help='a pretrained workdir')
-  parsers['finetune'].add_argument('--hf', help='or a Hugging Face T5 folder to start from')
-  parsers['finetune'].add_argument('--random_init', action='store_true',
-                                   help='the same model from a random init (the baseline)')
-  parsers['finetune'].add_argument('--task', help='sentiment, or a .tsv/.jsonl task file')
-  parsers['finetune'].add_argument('--inputs_key', default='input', help='column of inputs')
-  parsers['finetune'].add_argument('--targets_key', default='target', help='column of targets')
-  parsers['plan'].add_argument('--topology', required=True,
-                               help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
-  parsers['plan'].add_argument('--mfu', type=float, default=0.4,
-                               help='model FLOPs utilisation assumed for the step time')
-  parsers['plan'].add_argument('--analytic', action='store_true',
-                               help='skip compiling; estimate memory analytically only')
-  parsers['tokenizer'].add_argument('--input', required=True, nargs='+', help='text files')
-  parsers['tokenizer'].add_argument('--vocab_size', type=int, default=8000)
-  parsers['tokenizer'].add_argument('--out', required=True)
+  finetune = parsers['finetune']
+  finetune.add_argument('--from', dest='pretrained', help='a pretrained workdir')
+  finetune.add_argument('--hf', help='or a Hugging Face T5 folder to start from')
+  finetune.add_argument('--random_init', action='store_true',
+                        help='the same model from a random init (the baseline)')
+  finetune.add_argument('--task', help='sentiment, or a .tsv/.jsonl task file')
+  finetune.add_argument('--inputs_key', default='input', help='column of inputs')
+  finetune.add_argument('--targets_key', default='target', help='column of targets')
+  plan = parsers['plan']
+  plan.add_argument('--topology', required=True,
+                    help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
+  plan.add_argument('--mfu', type=float, default=0.4,
+                    help='model FLOPs utilisation assumed for the step time')
+  plan.add_argument('--analytic', action='store_true',
+                    help='skip compiling; estimate memory analytically only')
+  tokenizer = parsers['tokenizer']
+  tokenizer.add_argument('--input', required=True, nargs='+', help='text files')
+  tokenizer.add_argument('--vocab_size', type=int, default=8000,
+                         help='SentencePiece pieces, before the 100 sentinels')
+  tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
   return top
 
 
+WORKDIR_HELP = {
+    'train': 'where checkpoints, config.json and metrics go; a run there resumes',
+    'eval': 'a run\'s workdir (or a fine-tuning run\'s best/)',
+    'export': 'a run\'s workdir (or a fine-tuning run\'s best/)',
+    'infer': 'a run\'s workdir (or a fine-tuning run\'s best/)',
+    'import-hf': 'a new workdir: step 0 of a run with the Hugging Face weights',
+    'finetune': 'the fine-tuning run\'s own workdir (best checkpoint in its best/); resumes',
+}
+
+
 def main(argv=None) -> int:
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   args, unknown = parser().parse_known_args(argv)
   overrides = [a for a in unknown if a.startswith('--config.')]
   stray = [a for a in unknown if not a.startswith('--config.')]
+  debug = bool(os.environ.get('T5LITE_DEBUG'))
+  if not debug:
+    quiet_libraries()
   try:
     if stray:
       raise ValueError(f'unrecognized argument {stray[0]} (settings go as --config.a.b=value)')
-    COMMANDS[args.command][0](args, overrides)
-  except (ValueError, FileNotFoundError, FloatingPointError) as error:
-    if os.environ.get('T5LITE_DEBUG'):
+    check_counts(args)
+    status = COMMANDS[args.command][0](args, overrides)
+  except (ValueError, FileNotFoundError, FloatingPointError, OSError, KeyboardInterrupt) as error:
+    if debug:
       raise
-    print(f't5lite {args.command}: error: {error}', file=sys.stderr)
-    return 2
-  return 0
+    print(f't5lite {args.command}: error: {one_line(error)}', file=sys.stderr)
+    return 130 if isinstance(error, KeyboardInterrupt) else 2
+  return status or 0
+
+
+# Flags that count something, and the least each can mean (None, the default, is left alone).
+AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1,
+            'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0}
+
+
+def check_counts(args) -> None:
+  for name, minimum in AT_LEAST.items():
+    value = getattr(args, name, None)
+    if value is not None and value < minimum:
+      raise ValueError(f'--{name}={value} must be at least {minimum}')
+  if getattr(args, 'mfu', None) is not None and not 0 < args.mfu <= 1:
+    raise ValueError(f'--mfu={args.mfu} must be in (0, 1]')
+
+
+def one_line(error: BaseException) -> str:
+  if isinstance(error, KeyboardInterrupt):
+    return 'interrupted (Ctrl-C)'
+  if isinstance(error, OSError) and error.strerror and not isinstance(error, FileNotFoundError):
+    if error.errno == errno.ENOSPC:
+      return f'no space left on the device of {error.filename or "an output"}'
+    return f'{error.strerror}: {error.filename}' if error.filename else error.strerror
+  return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def quiet_libraries() -> None:
+  """Keeps stderr for t5lite's own lines: TensorFlow's start-up banner (written by its C++ logging
+  while it is imported, whatever TF_CPP_MIN_LOG_LEVEL says), orbax's tracebacks of a failed save
+  (the error reaches the command, which says it in one line) and Python's "Exception ignored"
+  reports of coroutines a failed restore abandoned. T5LITE_DEBUG=1 keeps them all."""
+  global _quiet
+  if _quiet:  # once per process (tests call main() again and again)
+    return
+  _quiet = True
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  saved = os.dup(2)
+  with open(os.devnull, 'w', encoding='utf-8') as devnull:
+    os.dup2(devnull.fileno(), 2)
+    try:
+      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      pass
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+  import logging  # pylint: disable=import-outside-toplevel
+  logging.getLogger('absl').addFilter(lambda record: '/orbax/' not in record.pathname)
+  logging.getLogger('asyncio').disabled = True  # orbax's abandoned writes after a failed save
+  sys.unraisablehook = lambda unraisable: None
+
+
+_quiet = False
 
 
 if __name__ == '__main__':

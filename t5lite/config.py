@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import traceback
 
 import ml_collections
 
@@ -100,17 +101,79 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   return ModelConfig(**config.model.to_dict())
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line naming the setting, a value of train / checkpoint / optim / data that
+  cannot be meant (a zero interval, no steps, keeping no checkpoint). The model's own checks are
+  `model_config`'s; what needs the data or the devices is checked where they are known."""
+  missing = [name for name in base_config() if name not in config]
+  if missing:
+    raise ValueError(f'the config has no {missing[0]} section; start presets from base_config()')
+  train, ckpt, optim, data = config.train, config.checkpoint, config.optim, config.data
+  at_least = [('train.steps', train.steps, 1), ('train.microbatches', train.microbatches, 1),
+              ('train.log_every', train.log_every, 1), ('train.eval_every', train.eval_every, 0),
+              ('train.eval_batches', train.eval_batches, 1),
+              ('train.loss_chunks', train.loss_chunks, 0),
+              ('checkpoint.every_steps', ckpt.every_steps, 1), ('checkpoint.keep', ckpt.keep, 1),
+              ('checkpoint.keep_period', ckpt.keep_period, 0),
+              ('optim.warmup_steps', optim.warmup_steps, 0),
+              ('data.batch_size', data.batch_size, 1), ('data.threads', data.threads, 0),
+              ('data.inputs_length', data.inputs_length, 0),
+              ('data.targets_length', data.targets_length, 0)]
+  for name, value, minimum in at_least:
+    if value < minimum:
+      raise ValueError(f'config.{name}={value} must be at least {minimum}')
+  for name, value in [('optim.weight_decay', optim.weight_decay),
+                      ('optim.clip_grad_norm', optim.clip_grad_norm), ('train.z_loss', train.z_loss),
+                      ('train.distill_hidden_weight', train.distill_hidden_weight)]:
+    if value < 0:
+      raise ValueError(f'config.{name}={value} must be at least 0')
+  for name, value, one_allowed in [('train.label_smoothing', train.label_smoothing, False),
+                                   ('train.distill_alpha', train.distill_alpha, True),
+                                   ('data.noise_density', data.noise_density, False),
+                                   ('data.validation_fraction', data.validation_fraction, False)]:
+    if not (0 <= value < 1 or one_allowed and value == 1):
+      raise ValueError(f'config.{name}={value} must be in [0, 1{"]" if one_allowed else ")"}')
+  for name, value in [('optim.learning_rate', optim.learning_rate),
+                      ('train.distill_temperature', train.distill_temperature),
+                      ('data.mean_noise_span_length', data.mean_noise_span_length)]:
+    if value <= 0:
+      raise ValueError(f'config.{name}={value} must be positive')
+  if train.eval_every and data.validation_fraction == 0 and 'task' not in data:
+    raise ValueError('config.train.eval_every needs held-out data, but '
+                     'config.data.validation_fraction=0; set it above 0 or eval_every=0')
+
+
 def load(spec: str) -> ml_collections.ConfigDict:
-  """Loads `path/to/preset.py` or `path/to/preset.py:arg` (arg goes to get_config, big_vision style)."""
+  """Loads `path/to/preset.py` or `path/to/preset.py:arg` (arg goes to get_config, big_vision
+  style). Whatever goes wrong inside the file is one line naming it."""
   path, _, arg = spec.partition(':')
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'config file not found: {path}')
+    raise FileNotFoundError(f'config file not found: {path}' + (
+        ' (a folder)' if os.path.isdir(path) else ''))
   module_spec = importlib.util.spec_from_file_location(f'_t5lite_config_{abs(hash(path))}', path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, 'get_config'):
-    raise ValueError(f'{path} has no get_config()')
-  return module.get_config(arg) if arg else module.get_config()
+  try:
+    module_spec.loader.exec_module(module)
+    get_config = getattr(module, 'get_config', None)
+    config = None if not callable(get_config) else get_config(arg) if arg else get_config()
+  except Exception as error:  # pylint: disable=broad-except  # the user's own code: anything
+    raise ValueError(f'--config {spec} failed{_line_in(path, error)}: {type(error).__name__}'
+                     f'{": " + str(error).splitlines()[0] if str(error) else ""}') from None
+  if not callable(get_config):
+    raise ValueError(f'--config {path} has no get_config()')
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f'--config {spec}: get_config() returned a {type(config).__name__}, '
+                     'not an ml_collections.ConfigDict')
+  return config
+
+
+def _line_in(path: str, error: Exception) -> str:
+  """' (line N)' of the config file where `error` arose, if it did there."""
+  if isinstance(error, SyntaxError) and error.lineno:
+    return f' (line {error.lineno})'
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.samefile(frame.filename, path)] if os.path.exists(path) else []
+  return f' (line {lines[-1]})' if lines else ''
 
 
 def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:

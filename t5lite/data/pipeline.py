@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from t5lite import outputs
 from t5lite.data import objectives
 from t5lite.data import packing
 from t5lite.data import sources
@@ -444,14 +445,25 @@ def _data_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config.data if 'data' in config else config
 
 
-def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str) -> None:
+# Every model feature's name starts so (packing.py's converters): how an earlier `data --out`
+# is recognised.
+_FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_')
+
+
+def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str,
+                  overwrite: bool = False) -> None:
   """Saves the first `num_batches` global training batches, exactly as the train step gets them.
 
-  np.savez with one array per feature, shaped [num_batches, batch_size, length].
+  np.savez with one array per feature, shaped [num_batches, batch_size, length], at `out_path`
+  exactly (numpy would append .npz to a name without it). What may be replaced, and how the
+  file is written whole or not at all: t5lite/outputs.py.
   """
+  outputs.check_file(out_path, lambda path: outputs.is_npz_of(path, _FEATURE_PREFIXES),
+                     overwrite=overwrite)
   batches = make_pipeline(_data_section(config), 'train', process_index=0, process_count=1)
   first = [next(batches) for _ in range(num_batches)]
-  np.savez(out_path, **{name: np.stack([b[name] for b in first]) for name in first[0]})
+  with outputs.writing(out_path) as temp, open(temp, 'wb') as f:
+    np.savez(f, **{name: np.stack([b[name] for b in first]) for name in first[0]})
 
 
 def show_examples(config: ml_collections.ConfigDict, k: int) -> str:

@@ -8,9 +8,11 @@ The bundled `vocab.model` is a unigram model of 8,000 pieces trained on the bund
 (about 30 CPU-seconds; byte-identical on every rebuild); rebuild it with
 
   .venv/bin/python -c "from t5lite.data import vocabulary; \
-      vocabulary.train_tokenizer('bundled', 8000, 't5lite/data/bundled')"
+      vocabulary.train_tokenizer('bundled', 8000, 't5lite/data/bundled', overwrite=True)"
 
-which is what `t5lite tokenizer --input=bundled --vocab_size=8000 --out=t5lite/data/bundled` runs.
+which is what this runs (--overwrite: the folder holds the corpus too, which stays as it is):
+
+  t5lite tokenizer --input=bundled --vocab_size=8000 --out=t5lite/data/bundled --overwrite
 """
 
 import functools
@@ -23,12 +25,14 @@ from typing import Sequence
 import numpy as np
 import sentencepiece as spm
 
+from t5lite import outputs
 from t5lite.data import sources
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_SENTINELS = 100
 SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'
+VOCAB_FILE = 'vocab.model'  # what `train_tokenizer` writes in its folder
 
 _SENTINEL = re.compile(r'<extra_id_(\d+)>')
 # SentencePiece trains on "sentences" and skips long ones; whole speeches are single lines.
@@ -112,12 +116,14 @@ def load_vocabulary(name: str = BUNDLED) -> Vocabulary:
 
 
 def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir: str = '.',
-                    text_key: str = 'text') -> str:
+                    text_key: str = 'text', overwrite: bool = False) -> str:
   """Trains a unigram SentencePiece model with T5's ids; returns the path of `vocab.model`.
 
   `inputs` are what `data.source` accepts ('bundled', .txt/.jsonl files or globs);
-  `vocab_size` counts pieces: the Vocabulary adds the 100 sentinels.
+  `vocab_size` counts pieces: the Vocabulary adds the 100 sentinels. Which `out_dir` may be
+  written, checked before training, and how: t5lite/outputs.py.
   """
+  outputs.check_folder(out_dir, (VOCAB_FILE,), overwrite=overwrite)
   documents, _ = sources.read_documents(inputs, text_key)
   sentences = (s for doc in documents for s in _SENTENCE_BREAK.split(doc) if s.strip())
   model = io.BytesIO()
@@ -129,9 +135,9 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
         character_coverage=0.9999, max_sentence_length=16384, input_sentence_size=10_000_000,
         shuffle_input_sentence=True, num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:  # e.g. "... Vocabulary size too high (50000). Please set it ..."
-    raise ValueError(f'tokenizer: {str(error).splitlines()[-1].split("] ")[-1]}') from None
-  os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, 'vocab.model')
-  with open(path, 'wb') as f:
-    f.write(model.getvalue())
-  return path
+    raise ValueError(f'--vocab_size={vocab_size}: '
+                     f'{str(error).splitlines()[-1].split("] ")[-1]}') from None
+  with outputs.writing(out_dir, folder=True) as temp:
+    with open(os.path.join(temp, VOCAB_FILE), 'wb') as f:
+      f.write(model.getvalue())
+  return os.path.join(out_dir, VOCAB_FILE)

@@ -6,6 +6,7 @@ complete ones. Restoring takes an abstract state whose leaves carry target shard
 how a run saved on one mesh resumes on another.
 """
 
+import contextlib
 import os
 
 import jax
@@ -45,11 +46,28 @@ class Checkpointer:
 
   def save(self, step: int, state, data_position: dict, config_dict: dict,
            metrics: dict | None = None) -> None:
-    """Starts an asynchronous save; training goes on while orbax writes."""
-    self.manager.save(step, force=True, metrics=metrics, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_position),
-        config=ocp.args.JsonSave(config_dict)))
+    """Starts an asynchronous save; training goes on while orbax writes. (The previous save's
+    failure, if it failed, surfaces here.)"""
+    with self._saving():
+      self.manager.save(step, force=True, metrics=metrics, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave(data_position),
+          config=ocp.args.JsonSave(config_dict)))
+
+  @contextlib.contextmanager
+  def _saving(self):
+    """A save that fails for want of space or permission is one line naming the folder and the
+    checkpoint a resume would start from; the incomplete one is never used (see the module)."""
+    try:
+      yield
+    except Exception as error:  # pylint: disable=broad-except  # orbax and tensorstore: any type
+      text = str(error)
+      why = ('no space left on the device' if 'No space left' in text or 'ENOSPC' in text else
+             'permission denied' if 'Permission denied' in text else None)
+      if why is None:
+        raise
+      raise OSError(f'{why} while saving a checkpoint in {self.directory}; the latest complete '
+                    f'one is step {self.manager.latest_step()}') from None
 
   def saved_config(self, step: int) -> dict:
     return self._restore(step, config=ocp.args.JsonRestore())['config']
@@ -109,7 +127,8 @@ class Checkpointer:
           'before it') from error
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._saving():
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()

@@ -34,23 +34,72 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
              random_init: bool = False, task: str | None = None, inputs_key: str = 'input',
              targets_key: str = 'target', overrides: list[str] = ()) -> dict:
   """Fine-tunes `pretrained` (a workdir) or `hf_dir` on `task` to `train.steps`; returns the last
-  logged metrics and the best step. Without either, resumes the workdir's run with its config."""
-  if pretrained is None and hf_dir is None and has_checkpoint(workdir):
-    config, init_params = config_lib.from_workdir(workdir), None
+  logged metrics and the best step. Without them, resumes the workdir's run with its config.
+
+  A fine-tuning workdir records where it started (`finetune.source`, `finetune.random_init`) and
+  its task; the same command resumes it, another source or task is refused, so that its
+  checkpoints and `best/` only ever hold one fine-tuning."""
+  saved = saved_finetune(workdir)
+  if pretrained is None and hf_dir is None and task is None:
+    if saved is None:
+      raise ValueError(f'--workdir {workdir} holds no fine-tuning run to resume; start one with '
+                       '--from=PRETRAINED_WORKDIR or --hf=HF_FOLDER and --task')
+    config = saved
     config_lib.override(config, list(overrides))
-  else:
-    if not task:
-      raise ValueError(f'give --task ({tasks.SENTIMENT} or a .tsv/.jsonl file of input and '
-                       'target texts)')
-    base, init_params = pretrained_start(pretrained, hf_dir)
-    config = finetune_config(base, task, inputs_key, targets_key, list(overrides))
-    init_params = None if random_init else init_params
-  return run(workdir, config, init_params)
+    return run(workdir, config, None)
+  if not task:
+    raise ValueError(f'give --task ({tasks.SENTIMENT} or a .tsv/.jsonl file of input and '
+                     'target texts)')
+  source = pretrained if hf_dir is None else hf_dir
+  if source is not None:
+    check_apart(workdir, source, '--from' if hf_dir is None else '--hf')
+  base, init_params = pretrained_start(pretrained, hf_dir)
+  config = finetune_config(base, task, inputs_key, targets_key, list(overrides))
+  config.finetune = ml_collections.ConfigDict(
+      {'source': canonical(source), 'hf': hf_dir is not None, 'random_init': random_init})
+  if saved is not None:
+    check_same_finetune(workdir, saved, config)
+  return run(workdir, config, None if random_init else init_params)
 
 
-def has_checkpoint(workdir: str) -> bool:
-  directory = os.path.join(workdir, 'checkpoints')
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+def saved_finetune(workdir: str) -> ml_collections.ConfigDict | None:
+  """The config a fine-tuning run saved in `workdir`; None for a new workdir. A workdir of
+  another kind of run is refused here."""
+  if not os.path.isfile(os.path.join(workdir, 'config.json')):
+    return None
+  config = config_lib.from_workdir(workdir)
+  if 'task' not in config.data:
+    raise ValueError(f'--workdir {workdir} holds a pretraining run, not a fine-tuning one; '
+                     'fine-tune into a new workdir')
+  return config
+
+
+def check_apart(workdir: str, source: str, flag: str) -> None:
+  """The fine-tuning workdir must not be, be inside, or hold the run it starts from."""
+  ours, theirs = canonical(workdir), canonical(source)
+  if os.path.commonpath([ours, theirs]) in (ours, theirs):
+    raise ValueError(f'--workdir {workdir} and {flag} {source} overlap; fine-tune into a '
+                     'workdir of its own')
+
+
+def check_same_finetune(workdir: str, saved: ml_collections.ConfigDict,
+                        config: ml_collections.ConfigDict) -> None:
+  """Refuses to continue a fine-tuning workdir from another start or on another task."""
+  started = saved.get('finetune', ml_collections.ConfigDict()).to_dict()
+  wanted = config.finetune.to_dict()
+  diffs = [f'{name} {started[name]!r} vs {wanted[name]!r}' for name in wanted
+           if name in started and started[name] != wanted[name]]
+  diffs += [f'data.{name} {saved.data[name]!r} vs {config.data[name]!r}'
+            for name in ('task', 'inputs_key', 'targets_key')
+            if saved.data.get(name) != config.data[name]]
+  if diffs:
+    raise ValueError(f'--workdir {workdir} holds another fine-tuning ({", ".join(diffs)}); '
+                     'resume it with its own flags or use a new --workdir')
+
+
+def canonical(path: str) -> str:
+  """One name per place, to compare where a run started from (a URI stays as given)."""
+  return path if '://' in path else os.path.realpath(path)
 
 
 def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
@@ -60,7 +109,8 @@ def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
   config.model.dropout = 0.1
   config.optim.update(name='adafactor', schedule='constant', learning_rate=1e-3)
   config.data.update(validation_fraction=0.1)  # held out of a task file, by input hash
-  config.data.task = task  # 'sentiment' or a .tsv/.jsonl file of (input, target) texts
+  # 'sentiment' or a .tsv/.jsonl file of (input, target) texts
+  config.data.task = task if task == tasks.SENTIMENT else canonical(task)
   config.data.inputs_key = inputs_key  # the task file's column / JSON key of the input text
   config.data.targets_key = targets_key  # ... and of the target text
   config.train.update(steps=1000, eval_every=100)
@@ -106,11 +156,9 @@ def run(workdir: str, config: ml_collections.ConfigDict, init_params) -> dict:
   """`loop.train` on the task of `config`, keeping the best checkpoint in `<workdir>/best`."""
   inputs = task_inputs(config)  # a bad task file fails here, before the workdir is touched
   best = KeepBest(os.path.join(workdir, BEST), config)
-  try:
-    last = loop.train(config, workdir, inputs=inputs, init_params=init_params, keep_best=best)
-  finally:
-    best_step = best.close()
-  return dict(last, best_step=best_step)
+  last = loop.train(config, workdir, inputs=inputs, init_params=init_params, keep_best=best,
+                    command='t5lite finetune')
+  return dict(last, best_step=best.best_step)
 
 
 class KeepBest:
@@ -119,6 +167,7 @@ class KeepBest:
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict):
     self.directory, self.config, self.checkpointer = directory, config, None
+    self.best_step = None  # known once closed, if this run evaluated
 
   def __call__(self, step: int, state, metrics: dict) -> None:
     if self.checkpointer is None:
@@ -129,14 +178,16 @@ class KeepBest:
     scores = {k: metrics[k] for k in ('eval_exact_match', 'eval_loss')}
     self.checkpointer.save(step, state, {}, self.config.to_dict(), metrics=scores)
 
-  def close(self) -> int | None:
-    """Waits for the last save; the best step, if this run evaluated."""
+  def close(self) -> None:
+    """Waits for the last save and notes the best step."""
     if self.checkpointer is None:
-      return None
-    self.checkpointer.wait()
-    step = self.checkpointer.manager.best_step()
-    self.checkpointer.close()
-    return step
+      return
+    try:
+      self.checkpointer.wait()
+      self.best_step = self.checkpointer.manager.best_step()
+    finally:
+      self.checkpointer.close()
+      self.checkpointer = None
 
 
 def best_score(metrics: dict) -> tuple[float, float]:

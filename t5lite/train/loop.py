@@ -7,8 +7,8 @@ batches are already on the devices while a step runs (`DeviceBatches`).
 """
 
 import collections
+import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import tempfile
@@ -26,9 +26,11 @@ from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
 from t5lite.data import pipeline
+from t5lite.data import vocabulary
 from t5lite.models.config import ModelConfig
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
+from t5lite.train import lock as lock_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import objectives
 from t5lite.train import optim
@@ -95,7 +97,12 @@ def evaluate(eval_step, objective, params, batches, num_batches: int, sharding) 
 
 def setup(config: ml_collections.ConfigDict):
   """Everything a run needs before its first step, checked before anything compiles."""
+  config_lib.validate(config)
   model_cfg = config_lib.model_config(config)
+  vocab_size = vocabulary.load_vocabulary(config.data.vocabulary).vocab_size
+  if vocab_size > model_cfg.vocab_size:
+    raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
+                     f'{vocab_size} ids of data.vocabulary={config.data.vocabulary!r}')
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh,
                               microbatches=config.train.microbatches)
@@ -122,25 +129,36 @@ def pretraining_inputs(config: ml_collections.ConfigDict) -> Inputs:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | None = None,
-          init_params: Callable | None = None, keep_best: Callable | None = None) -> dict:
+          init_params: Callable | None = None, keep_best: Callable | None = None,
+          command: str = 't5lite train') -> dict:
   """Trains to `config.train.steps`, resuming from the workdir's latest checkpoint; returns the
-  last logged metrics.
+  last logged metrics and the step it stopped at.
+
+  Everything the run depends on is checked before the workdir is written: the config, the
+  teacher, the checkpoint it resumes (read, not opened for writing), the first training batch and
+  a held-out one. Only then does the run lock the workdir (`command` names it to a second run)
+  and record its config.
 
   Pretraining by default; fine-tuning composes the same run from `inputs` (a task's batches),
   `init_params()` (the parameters a new run starts from instead of a random init) and
-  `keep_best` (see `run_steps`).
+  `keep_best` (see `run_steps`; closed at the end of the run).
   """
   inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
+  if config.train.teacher_workdir and os.path.realpath(config.train.teacher_workdir) == (
+      os.path.realpath(workdir)):
+    raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
   teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
              if config.train.teacher_workdir else None)
-  prepare_workdir(workdir)
+  reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
+  latest = reader.latest_step()
+  if latest is not None:
+    check_same_model(reader, latest, config)
+    if latest >= config.train.steps:
+      raise ValueError(f'{workdir} is at step {latest} already, config.train.steps='
+                       f'{config.train.steps}: nothing to train (raise --config.train.steps)')
   if jax.process_index() == 0:
     print(config, flush=True)
-  checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    check_same_model(checkpointer, latest, config)
   # measures the CPU's matmul rate: before the mesh
   rates = throughput_rates(config, model_cfg, None if teacher is None else teacher.cfg)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
@@ -150,11 +168,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       state = spec.init() if init_params is None else state_lib.from_params(
           spec, optimizer, init_params(), config.train.seed)
     else:
-      state, data_position = checkpointer.restore(latest, spec.abstract)
+      state, data_position = reader.restore(latest, spec.abstract)
       data_start = data_position.get('processes') or int(state.step)  # HF imports have none
-      logging.info('resumed from %s at step %d', checkpointer.directory, latest)
-    prepare_workdir(workdir, config)  # only now: a refused resume leaves config.json as it was
+      logging.info('resumed from %s at step %d', reader.directory, latest)
+    reader.close()
     batch_sharding = mesh_lib.batch_sharding(mesh)
+    batches = DeviceBatches(inputs.train(data_start), batch_sharding)
+    batches.peek()  # the data can be read and makes batches
+    if config.train.eval_every:
+      next(inputs.held_out()[0])  # there is held-out data to evaluate on
     objective = objectives.make(config, model_cfg, teacher, exact_match=inputs.exact_match)
     train_step = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
     eval_step = step_lib.jit_eval_step(spec, mesh, objective)
@@ -162,12 +184,36 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
     def evaluator(params):  # new held-out batches each time: the same ones
       return evaluate(eval_step, objective, params, *inputs.held_out(), batch_sharding)
 
-    try:
-      return run_steps(config, workdir, state, inputs.train(data_start), train_step, evaluator,
-                       batch_sharding, checkpointer, rates, keep_best, objective.frozen)
-    finally:
-      checkpointer.wait()
-      checkpointer.close()
+    with lock_workdir(workdir, command):
+      prepare_workdir(workdir, config)
+      checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+      try:
+        return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
+                         rates, keep_best, objective.frozen)
+      finally:
+        checkpointer.wait()
+        checkpointer.close()
+        if keep_best:
+          keep_best.close()  # its last save too is written under the lock
+
+
+@contextlib.contextmanager
+def lock_workdir(workdir: str, command: str):
+  """Holds the workdir's lock, taken by process 0; every process fails alike when it is refused."""
+  lock = lock_lib.WorkdirLock(workdir, command, enabled=jax.process_index() == 0)
+  refused = None
+  try:
+    lock.acquire()
+  except ValueError as error:
+    refused = error
+  if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(bool(refused))):
+    raise refused or ValueError(f'process 0 could not lock --workdir {workdir}')
+  if refused:
+    raise refused
+  try:
+    yield
+  finally:
+    lock.release()
 
 
 def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]:
@@ -184,11 +230,11 @@ def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]
   return data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length), flops / peak
 
 
-def run_steps(config, workdir, state, batches, train_step, evaluator, batch_sharding,
-              checkpointer, rates, keep_best=None, frozen=None) -> dict:
+def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer, rates,
+              keep_best=None, frozen=None) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
 
-  `batches` is the positioned training pipeline (its `state()` is saved), `evaluator(params)`
+  `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved), `evaluator(params)`
   returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given, sees the state and
   metrics after each evaluation (fine-tuning keeps its best checkpoint there). `frozen` goes to
   every step (see step.py).
@@ -196,19 +242,17 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, batch_shar
   train_cfg = config.train
   start = int(state.step)
   writer = MetricWriter(workdir, start)
-  preempted = preemption.Preempted()
+  preempted = preemption.Preempted(start)
   tokens_per_step, peak_fraction_per_second = rates
-  batches = DeviceBatches(batches, batch_sharding)
-  first = next(batches)
-  compile_start = time.perf_counter()
-  train_step = train_step.lower(state, first, frozen).compile()
-  writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
-  device_batches = itertools.chain([first], batches)
   nonfinite = jnp.zeros((), jnp.bool_)
-  pending, last, tic, step = [], {}, time.perf_counter(), start
+  pending, last, step = [], {}, start
   try:
+    compile_start = time.perf_counter()
+    train_step = train_step.lower(state, batches.peek(), frozen).compile()
+    writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
+    tic = time.perf_counter()
     while step < train_cfg.steps:
-      state, metrics = train_step(state, next(device_batches), frozen)
+      state, metrics = train_step(state, next(batches), frozen)
       step += 1
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
@@ -236,7 +280,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, batch_shar
   finally:
     preempted.restore()
     writer.close()
-  return last
+  return dict(last, step=step)
 
 
 class DeviceBatches:
@@ -254,6 +298,16 @@ class DeviceBatches:
     return self
 
   def __next__(self) -> dict:
+    self._fill()
+    batch, self._position = self._waiting.popleft()
+    return batch
+
+  def peek(self) -> dict:
+    """The batch `next` returns, left in place (to compile the step for, or to check the data)."""
+    self._fill()
+    return self._waiting[0][0]
+
+  def _fill(self) -> None:
     while len(self._waiting) < self._ahead:
       local = next(self._batches, None)
       if local is None:
@@ -261,8 +315,6 @@ class DeviceBatches:
       self._waiting.append((global_batch(local, self._sharding), self._batches.state()))
     if not self._waiting:
       raise StopIteration
-    batch, self._position = self._waiting.popleft()
-    return batch
 
   def state(self) -> dict:
     return dict(self._position)

@@ -299,9 +299,6 @@ def check_teacher(teacher: ModelConfig, teacher_vocabulary: str, student: ModelC
     raise ValueError(f'train.distill_hidden_weight compares hidden states: the teacher has '
                      f'd_model {teacher.d_model}, the student {student.d_model}; set it to 0 '
                      'or give both one width')
-  if not 0.0 <= train.distill_alpha <= 1.0 or not train.distill_temperature > 0:
-    raise ValueError(f'train.distill_alpha must be in [0, 1] and train.distill_temperature '
-                     f'positive, got {train.distill_alpha} and {train.distill_temperature}')
 
 
 def _sum_of_means(factors: dict[str, float]) -> Callable:

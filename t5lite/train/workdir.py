@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from t5lite import config as config_lib
+from t5lite import outputs as outputs_lib
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
 from t5lite.export import hf
@@ -70,28 +71,36 @@ def evaluate_workdir(config, workdir: str, data: str | None = None,
   return {'step': step, **metrics}
 
 
-def export_workdir(config, workdir: str, out_dir: str, step: int | None = None) -> int:
+def export_workdir(config, workdir: str, out_dir: str, step: int | None = None,
+                   overwrite: bool = False) -> int:
+  """Writes checkpoint `step` (default: the latest) as a Hugging Face folder `out_dir`; which
+  `out_dir` may be written, checked before the restore: t5lite/outputs.py."""
+  model_cfg = config_lib.model_config(config)
+  hf.hf_config(model_cfg)  # a model export cannot write fails here, before the restore
+  outputs_lib.check_folder(out_dir, (hf.CONFIG_FILE, hf.WEIGHTS_FILE), workdir=workdir,
+                           overwrite=overwrite)
   step, _, params, _, _ = restore_params(config, workdir, step)
-  hf.export_hf(jax.device_get(params), config_lib.model_config(config), out_dir)
+  with outputs_lib.writing(out_dir, folder=True) as temp:
+    hf.export_hf(jax.device_get(params), model_cfg, temp)
   return step
 
 
 def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_collections.ConfigDict:
-  """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it."""
+  """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it.
+  The workdir must be new or empty: an import never mixes with a run that is there."""
+  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+    raise ValueError(f'--workdir {workdir} is not empty; import into a new workdir')
   model_cfg, params = hf.import_hf(hf_dir)
   config = config_lib.base_config()
   config.model.update(dataclasses.asdict(model_cfg))
   config_lib.override(config, overrides)
   _, mesh, rules, optimizer, _ = loop.setup(config)
-  loop.prepare_workdir(workdir)
-  checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
-  if checkpointer.latest_step() is not None:
-    raise ValueError(f'{workdir} already holds checkpoints; import into an empty workdir')
-  loop.prepare_workdir(workdir, config)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(config_lib.model_config(config), optimizer, config.train.seed,
                                 mesh, rules)
     state = state_lib.from_params(spec, optimizer, params, config.train.seed)
+  loop.prepare_workdir(workdir, config)
+  checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
   checkpointer.save(0, state, {}, config.to_dict())
   checkpointer.wait()
   checkpointer.close()
@@ -154,16 +163,20 @@ def encode_inputs(vocab: vocabulary.Vocabulary, inputs: list[str], length: int, 
 
 
 def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None = None,
-                  out: str | None = None, max_decode_length: int | None = None, seed: int = 0,
-                  **options) -> list[str]:
+                  out: str | None = None, overwrite: bool = False,
+                  max_decode_length: int | None = None, seed: int = 0, **options) -> list[str]:
   """Decoded text of each input (sentinels shown as <extra_id_N>) with checkpoint `step`
   (default: the latest) of `workdir`; `out` also gets them as JSONL {"input": .., "output": ..}.
 
   Inputs are tokenized with the run's vocabulary, EOS appended for an encoder, and padded to
   data.inputs_length. `options` go to `decoding.decode` (method, temperature, top_k, top_p,
   beam_size, alpha); max_decode_length defaults to data.targets_length; sampling draws from
-  `seed`.
+  `seed`. Which `out` may be written, checked before anything is decoded: t5lite/outputs.py.
   """
+  keys = ('input', 'output')  # of each JSONL line
+  if out:
+    outputs_lib.check_file(out, lambda path: outputs_lib.is_jsonl_of(path, keys),
+                           workdir=workdir, overwrite=overwrite)
   model_cfg = config_lib.model_config(config)
   vocab = vocabulary.load_vocabulary(config.data.vocabulary)
   tokens = encode_inputs(vocab, inputs, config.data.inputs_length,
@@ -187,7 +200,7 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
           rng=jax.random.fold_in(rng, start), **options)))
   outputs = [vocab.decode(row) for row in decoded[:len(inputs)]]
   if out:
-    with open(out, 'w', encoding='utf-8') as f:
-      for text, output in zip(inputs, outputs):
-        f.write(json.dumps({'input': text, 'output': output}) + '\n')
+    with outputs_lib.writing(out) as temp, open(temp, 'w', encoding='utf-8') as f:
+      for row in zip(inputs, outputs):
+        f.write(json.dumps(dict(zip(keys, row))) + '\n')
   return outputs

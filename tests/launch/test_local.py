@@ -1,11 +1,19 @@
-"""launch/local.py with stand-in commands: flags, environment, output routing, failure, timeout."""
+"""launch/local.py with stand-in commands: flags, environment, output routing, failure, timeout,
+an early stop and the signals it passes on."""
 
+import os
+import shlex
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 from launch import local
+from t5lite.train import preemption
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHOW = """
 import os, sys
@@ -22,6 +30,17 @@ jax.distributed.initialize(flags['coordinator_address'], int(flags['num_processe
                            int(flags['process_id']))
 ids = multihost_utils.process_allgather(np.array([jax.process_index()])).ravel().tolist()
 print('result', jax.process_index(), jax.local_device_count(), jax.device_count(), ids)
+"""
+# Stops as `t5lite train` does on SIGTERM or Ctrl-C: says which, and exits 75.
+STOPPABLE = """
+import signal, sys, time
+def stop(signum, frame):
+  print('stopped by', signal.Signals(signum).name, flush=True)
+  sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+print('ready', flush=True)
+time.sleep(60)
 """
 
 
@@ -70,3 +89,32 @@ def test_cli_rejects_a_zero_process_count(capsys):
     local.main(['--num_processes=0'])
   assert exit_.value.code == 2
   assert "'0' is not a positive integer" in capsys.readouterr().err
+
+
+def test_all_stopping_early_is_status_75_with_one_line(capsys):
+  assert local.EXIT_STOPPED_EARLY == preemption.EXIT_STOPPED_EARLY
+  early = python('import sys, time; time.sleep(0.5 * (sys.argv[-1] == "--process_id=0")); '
+                 'sys.exit(75)')
+  assert local.launch_local([], 2, 1, command=early) == 75
+  assert capsys.readouterr().err == ('launch/local.py: the processes saved and stopped early '
+                                     '(status 75); the same command resumes the run\n')
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_to_the_launcher_goes_on_to_every_process(signum):
+  launcher = subprocess.Popen(
+      [sys.executable, 'launch/local.py', '--num_processes=2', '--devices_per_process=1',
+       '--command', shlex.join(python(STOPPABLE))],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  ready = 0
+  for line in launcher.stdout:  # both have their handlers
+    ready += line.endswith('ready\n')
+    if ready == 2:
+      break
+  launcher.send_signal(signum)
+  printed = sorted(launcher.stdout.read().splitlines())
+  assert launcher.wait(timeout=30) == 75
+  name = signal.Signals(signum).name
+  assert printed == [f'[0] stopped by {name}', f'[1] stopped by {name}',
+                     'launch/local.py: the processes saved and stopped early (status 75); the '
+                     'same command resumes the run']

@@ -378,5 +378,5 @@ def test_export_then_import_hf_starts_a_run_with_the_same_weights(trained_222, t
   capsys.readouterr()
   before = snapshot(workdir)
   assert cli.main(['import-hf', f'--hf={hf_dir}', f'--workdir={workdir}', *run_flags]) == 2
-  assert f'{workdir} already holds checkpoints' in one_line_error(capsys)
+  assert f'--workdir {workdir} is not empty' in one_line_error(capsys)
   assert snapshot(workdir) == before

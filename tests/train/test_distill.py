@@ -130,7 +130,7 @@ def test_plan_counts_the_teachers_parameters(teacher):
     (['--config.model.d_model=32', '--config.model.d_kv=16',
       '--config.train.distill_hidden_weight=1'], 'the teacher has d_model 64, the student 32'),
     (['--config.model.arch=decoder'], 'holds a encoder_decoder model and the student is decoder'),
-    (['--config.train.distill_alpha=2'], 'train.distill_alpha must be in [0, 1]'),
+    (['--config.train.distill_alpha=2'], 'config.train.distill_alpha=2.0 must be in [0, 1]'),
 ])
 def test_a_teacher_the_student_cannot_learn_from_is_refused(tmp_path, capsys, teacher, flags,
                                                             message):

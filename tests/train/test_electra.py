@@ -118,8 +118,9 @@ def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):
   assert evaluated['step'] == 20
   assert 0.5 < evaluated['eval_accuracy'] <= 1 and np.isfinite(evaluated['eval_mlm_loss'])
   # the discriminator is the exported model (its parity with transformers: tests/export)
-  assert cli.main(['export', f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}']) == 0
-  with open(tmp_path / 'hf' / 'config.json', encoding='utf-8') as f:
+  hf_dir = f'{tmp_path}_hf'  # export refuses a folder inside the workdir
+  assert cli.main(['export', f'--workdir={tmp_path}', f'--out={hf_dir}']) == 0
+  with open(os.path.join(hf_dir, 'config.json'), encoding='utf-8') as f:
     exported = json.load(f)
   assert exported['architectures'] == ['ElectraForPreTraining']
   assert (exported['hidden_size'], exported['num_hidden_layers']) == (64, 1)

@@ -13,6 +13,7 @@ import pytest
 
 from t5lite import cli
 from t5lite.train import loop
+from t5lite.train import preemption
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # t5_tiny shrunk to seconds per run: 1+1 layers of width 64, 32 input / 8 target tokens.
@@ -97,7 +98,7 @@ def test_resuming_another_model_shape_is_refused(tmp_path, capsys):
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1']
 
 
-def test_sigterm_saves_at_the_next_step_and_exits_zero(tmp_path):
+def test_sigterm_saves_at_the_next_step_and_exits_75(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=1')
   process = subprocess.Popen(
       [sys.executable, '-m', 't5lite', 'train', f'--workdir={tmp_path}', *SMALL,
@@ -109,7 +110,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_zero(tmp_path):
   sent = time.monotonic()
   process.send_signal(signal.SIGTERM)
   process.stdout.read()
-  assert process.wait(timeout=60) == 0
+  assert process.wait(timeout=60) == preemption.EXIT_STOPPED_EARLY
   assert time.monotonic() - sent < 30
   steps = [int(name) for name in os.listdir(tmp_path / 'checkpoints')]
   assert len(steps) == 1 and 2 <= steps[0] < 100000
