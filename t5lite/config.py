@@ -14,6 +14,7 @@ import traceback
 
 import ml_collections
 
+from t5lite import paths
 from t5lite.models.config import ModelConfig
 
 # T5 v1.0 (Raffel et al. 2020): ReLU FFN, tied and scaled lm head.
@@ -214,12 +215,11 @@ def _parse_like(current, text: str, key: str):
 
 def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   """The config a run saved in `workdir` (its config.json), read with `from_saved`."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.isfile(path):
+  path = paths.path(workdir) / 'config.json'
+  if not path.is_file():
     raise FileNotFoundError(f'{workdir} is not a t5lite workdir: no {path}')
   try:
-    with open(path, encoding='utf-8') as f:
-      return from_saved(json.load(f))
+    return from_saved(json.loads(path.read_text()))
   except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
     raise ValueError(f'{path} is not a saved t5lite config ({error})') from None
 

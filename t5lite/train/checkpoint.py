@@ -7,11 +7,12 @@ how a run saved on one mesh resumes on another.
 """
 
 import contextlib
-import os
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from t5lite import paths
 
 ITEMS = ('state', 'data', 'config')
 
@@ -28,7 +29,7 @@ class Checkpointer:
   """
 
   def __init__(self, workdir: str, checkpoint_cfg, *, read_only: bool = False, best_fn=None):
-    self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    self.directory = paths.path(workdir) / 'checkpoints'
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else checkpoint_cfg.keep,
         save_interval_steps=0 if read_only else 1,

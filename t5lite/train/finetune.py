@@ -15,12 +15,12 @@ baseline that shows what pretraining brought.
 """
 
 import dataclasses
-import os
 
 import jax
 import ml_collections
 
 from t5lite import config as config_lib
+from t5lite import paths
 from t5lite.data import tasks
 from t5lite.export import hf
 from t5lite.train import checkpoint as checkpoint_lib
@@ -65,7 +65,7 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
 def saved_finetune(workdir: str) -> ml_collections.ConfigDict | None:
   """The config a fine-tuning run saved in `workdir`; None for a new workdir. A workdir of
   another kind of run is refused here."""
-  if not os.path.isfile(os.path.join(workdir, 'config.json')):
+  if not (paths.path(workdir) / 'config.json').is_file():
     return None
   config = config_lib.from_workdir(workdir)
   if 'task' not in config.data:
@@ -76,8 +76,7 @@ def saved_finetune(workdir: str) -> ml_collections.ConfigDict | None:
 
 def check_apart(workdir: str, source: str, flag: str) -> None:
   """The fine-tuning workdir must not be, be inside, or hold the run it starts from."""
-  ours, theirs = canonical(workdir), canonical(source)
-  if os.path.commonpath([ours, theirs]) in (ours, theirs):
+  if paths.within(workdir, source) or paths.within(source, workdir):
     raise ValueError(f'--workdir {workdir} and {flag} {source} overlap; fine-tune into a '
                      'workdir of its own')
 
@@ -98,8 +97,8 @@ def check_same_finetune(workdir: str, saved: ml_collections.ConfigDict,
 
 
 def canonical(path: str) -> str:
-  """One name per place, to compare where a run started from (a URI stays as given)."""
-  return path if '://' in path else os.path.realpath(path)
+  """One name per place, to compare where a run started from."""
+  return str(paths.path(path))
 
 
 def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
@@ -132,9 +131,9 @@ def pretrained_start(pretrained: str | None, hf_dir: str | None):
     model_cfg, params = hf.import_hf(hf_dir)
     config = config_lib.base_config()
     config.model.update(dataclasses.asdict(model_cfg))
-    vocab = os.path.join(hf_dir, 'spiece.model')  # T5 folders ship their SentencePiece model
-    if os.path.isfile(vocab):
-      config.data.vocabulary = vocab
+    vocab = paths.path(hf_dir) / 'spiece.model'  # T5 folders ship their SentencePiece model
+    if vocab.is_file():
+      config.data.vocabulary = str(vocab)
     return config, lambda: params
   config = config_lib.from_workdir(pretrained)
   return config, lambda: workdir_lib.restore_params(config, pretrained)[2]
@@ -155,7 +154,7 @@ def task_inputs(config: ml_collections.ConfigDict) -> loop.Inputs:
 def run(workdir: str, config: ml_collections.ConfigDict, init_params) -> dict:
   """`loop.train` on the task of `config`, keeping the best checkpoint in `<workdir>/best`."""
   inputs = task_inputs(config)  # a bad task file fails here, before the workdir is touched
-  best = KeepBest(os.path.join(workdir, BEST), config)
+  best = KeepBest(str(paths.path(workdir) / BEST), config)
   last = loop.train(config, workdir, inputs=inputs, init_params=init_params, keep_best=best,
                     command='t5lite finetune')
   return dict(last, best_step=best.best_step)
@@ -171,7 +170,7 @@ class KeepBest:
 
   def __call__(self, step: int, state, metrics: dict) -> None:
     if self.checkpointer is None:
-      loop.prepare_workdir(self.directory, self.config)
+      loop.record_config(self.directory, self.config)
       keep_one = dict(self.config.checkpoint.to_dict(), keep=1, keep_period=0)
       self.checkpointer = checkpoint_lib.Checkpointer(
           self.directory, ml_collections.ConfigDict(keep_one), best_fn=best_score)

@@ -30,6 +30,8 @@ import uuid
 
 from etils import epath
 
+from t5lite import paths
+
 LOCK_NAME = 't5lite.lock'
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 300  # ten missed heartbeats: a busy or briefly disconnected host is not dead
@@ -45,12 +47,12 @@ class WorkdirLock:
                heartbeat_seconds: float = HEARTBEAT_SECONDS,
                stale_seconds: float = STALE_SECONDS):
     self.workdir, self.enabled = workdir, enabled
-    self.path = epath.Path(workdir) / LOCK_NAME
+    self.path = paths.path(workdir) / LOCK_NAME
     self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
     self.host, self.pid = socket.gethostname(), os.getpid()
     self.token = uuid.uuid4().hex
     state = process_state(self.pid)
-    self._local = '://' not in os.fspath(self.path)
+    self._local = not paths.is_uri(self.path)
     self._identity = dict(
         token=self.token, host=self.host, pid=self.pid, start_ticks=state and state[1],
         since=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()), command=command,

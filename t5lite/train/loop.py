@@ -10,8 +10,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from typing import Callable, NamedTuple
 
@@ -25,6 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
+from t5lite import paths
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
 from t5lite.models.config import ModelConfig
@@ -40,19 +39,16 @@ from t5lite.train import step as step_lib
 from t5lite.train.metrics import MetricWriter, console_line
 
 
-def prepare_workdir(workdir: str, config: ml_collections.ConfigDict | None = None) -> None:
-  """Creates the workdir or says in one line why it cannot be written; with `config`, records it
-  there, whole or not at all (a kill may come at any moment)."""
+def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Creates the workdir and records the run's config there (process 0), whole or not at all: a
+  kill may come at any moment. One line if the workdir cannot be written."""
   try:
-    os.makedirs(workdir, exist_ok=True)
-    tempfile.TemporaryFile(dir=workdir).close()  # a read-only workdir fails here, before any work
-    if config is not None and jax.process_index() == 0:
-      path = os.path.join(workdir, 'config.json')
-      with open(path + '.tmp', 'w', encoding='utf-8') as f:
-        json.dump(config.to_dict(), f, indent=2)
-      os.replace(path + '.tmp', path)
+    folder = paths.path(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+      paths.write_text(folder / 'config.json', json.dumps(config.to_dict(), indent=2))
   except OSError as error:
-    raise ValueError(f'cannot write to workdir {workdir}: {error.strerror}') from None
+    raise ValueError(f'cannot write to workdir {workdir}: {error.strerror or error}') from None
 
 
 def check_same_model(checkpointer, step: int, config: ml_collections.ConfigDict) -> None:
@@ -145,8 +141,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   """
   inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
-  if config.train.teacher_workdir and os.path.realpath(config.train.teacher_workdir) == (
-      os.path.realpath(workdir)):
+  if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
     raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
   teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
              if config.train.teacher_workdir else None)
@@ -185,7 +180,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       return evaluate(eval_step, objective, params, *inputs.held_out(), batch_sharding)
 
     with lock_workdir(workdir, command):
-      prepare_workdir(workdir, config)
+      record_config(workdir, config)
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,

@@ -4,9 +4,11 @@ Only process 0 writes. Eval scalars arrive already prefixed `eval_`, so one writ
 """
 
 import json
-import os
 
 import jax
+from etils import epath
+
+from t5lite import paths
 
 
 class MetricWriter:
@@ -22,11 +24,12 @@ class MetricWriter:
       return
     import tensorflow as tf  # TensorBoard's event writer; TF is already loaded by the input pipeline
     self._tf = tf
-    self._summary = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-    path = os.path.join(workdir, 'metrics.jsonl')
-    if os.path.exists(path):
+    folder = paths.path(workdir)
+    self._summary = tf.summary.create_file_writer(str(folder / 'tensorboard'))
+    path = folder / 'metrics.jsonl'
+    if path.exists():
       drop_rows_after(path, start_step)
-    self._jsonl = open(path, 'a', encoding='utf-8')
+    self._jsonl = path.open('a')
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
@@ -45,15 +48,12 @@ class MetricWriter:
       self._summary.close()
 
 
-def drop_rows_after(path: str, step: int) -> None:
+def drop_rows_after(path: epath.Path, step: int) -> None:
   """Rewrites metrics.jsonl without rows past `step` or a last line a kill cut short; atomically."""
-  with open(path, encoding='utf-8') as f:
-    lines = f.readlines()
+  lines = path.read_text().splitlines(keepends=True)
   kept = [line for line in lines if line.endswith('\n') and json.loads(line)['step'] <= step]
   if len(kept) < len(lines):
-    with open(path + '.tmp', 'w', encoding='utf-8') as f:
-      f.writelines(kept)
-    os.replace(path + '.tmp', path)
+    paths.write_text(path, ''.join(kept))
 
 
 def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: float) -> str:

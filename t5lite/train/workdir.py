@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from t5lite import config as config_lib
+from t5lite import paths
 from t5lite import outputs as outputs_lib
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
@@ -88,7 +89,8 @@ def export_workdir(config, workdir: str, out_dir: str, step: int | None = None,
 def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_collections.ConfigDict:
   """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it.
   The workdir must be new or empty: an import never mixes with a run that is there."""
-  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+  folder = paths.path(workdir)
+  if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
     raise ValueError(f'--workdir {workdir} is not empty; import into a new workdir')
   model_cfg, params = hf.import_hf(hf_dir)
   config = config_lib.base_config()
@@ -99,7 +101,7 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
     spec = state_lib.state_spec(config_lib.model_config(config), optimizer, config.train.seed,
                                 mesh, rules)
     state = state_lib.from_params(spec, optimizer, params, config.train.seed)
-  loop.prepare_workdir(workdir, config)
+  loop.record_config(workdir, config)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
   checkpointer.save(0, state, {}, config.to_dict())
   checkpointer.wait()

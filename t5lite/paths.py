@@ -1,0 +1,40 @@
+"""Local paths and `gs://` URIs alike. Every file of a workdir (checkpoints, config.json,
+metrics.jsonl, TensorBoard events, the lock, a fine-tuning run's best/) is reached through
+`path()`, an `etils.epath.Path`: the path type orbax itself takes, which speaks Cloud Storage
+through TensorFlow's filesystems. `os.path` never sees a URI: `gs://b/run` made absolute would be
+`./gs:/b/run` on local disk.
+"""
+
+import os
+
+from etils import epath
+
+
+def is_uri(name: str | os.PathLike) -> bool:
+  """Whether `name` is a URI such as gs://bucket/run rather than a local path."""
+  return '://' in os.fspath(name)
+
+
+def path(name: str | os.PathLike) -> epath.Path:
+  """`name` as an epath.Path: a local path absolute and with links resolved (one name per
+  place, and orbax needs absolute paths), a URI as given less a trailing '/'."""
+  if is_uri(name):
+    return epath.Path(os.fspath(name).rstrip('/'))
+  return epath.Path(os.path.realpath(name))
+
+
+def within(inner: str | os.PathLike, outer: str | os.PathLike) -> bool:
+  """Whether `inner` is `outer` or lies inside it."""
+  inner, outer = os.fspath(path(inner)), os.fspath(path(outer))
+  return inner == outer or inner.startswith(outer.rstrip('/') + '/')
+
+
+def write_text(file: epath.Path, text: str) -> None:
+  """Writes `file` whole or not at all, so a kill never leaves half of it: locally a temporary
+  sibling renamed over it; on Cloud Storage one upload, which is atomic by itself."""
+  if is_uri(file):
+    file.write_text(text)
+    return
+  temporary = file.with_name(file.name + '.tmp')
+  temporary.write_text(text)
+  temporary.replace(file)
