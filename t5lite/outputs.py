@@ -26,21 +26,25 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 import zipfile
 from typing import Callable, Collection, Iterator
+
+from etils import epath
+
+from t5lite import paths
 
 
 def check_folder(path: str, files: Collection[str], *, workdir: str | None = None,
                  overwrite: bool = False) -> None:
   """Refuses `path` as the folder a command writes `files` in (see the module docstring)."""
-  _check_place(path, workdir)
-  if os.path.lexists(path) and not os.path.isdir(path):
+  out = _check_place(path, workdir)
+  if out.exists() and not out.is_dir():
     raise ValueError(f'--out={path} is a file, not a folder; give a folder')
-  if not os.path.isdir(path):
+  if not out.is_dir():
     return
-  entries = sorted(os.listdir(path))
-  blocked = [name for name in files if name in entries
-             and not os.path.isfile(os.path.join(path, name))]
+  entries = sorted(entry.name for entry in out.iterdir())
+  blocked = [name for name in files if name in entries and not (out / name).is_file()]
   if blocked:
     raise ValueError(f'--out={path} holds {blocked[0]}, which is not a file; give another folder')
   others = [name for name in entries if name not in files]
@@ -50,81 +54,78 @@ def check_folder(path: str, files: Collection[str], *, workdir: str | None = Non
                      f'to replace {" and ".join(files)} in it')
 
 
-def check_file(path: str, earlier: Callable[[str], bool], *, workdir: str | None = None,
+def check_file(path: str, earlier: Callable[[epath.Path], bool], *, workdir: str | None = None,
                overwrite: bool = False) -> None:
   """Refuses `path` as a file a command writes; `earlier(path)`: whether the command wrote it."""
-  _check_place(path, workdir)
-  if path.endswith(os.sep) or os.path.isdir(path):
+  out = _check_place(path, workdir)
+  if path.endswith('/') or out.is_dir():
     raise ValueError(f'--out={path} is a folder, not a file; give a file')
-  if os.path.lexists(path) and not os.path.isfile(path):
+  regular = out.is_file() if paths.is_uri(out) else os.path.isfile(out)  # epath: a fifo is too
+  if out.exists() and not regular:
     raise ValueError(f'--out={path} is not a regular file; give a file')
-  if os.path.isfile(path) and os.path.getsize(path) and not (overwrite or earlier(path)):
+  if regular and out.stat().length and not (overwrite or earlier(out)):
     raise ValueError(f'--out={path} is a file this command did not write; give a new path, or '
                      '--overwrite to replace it')
 
 
-def _check_place(path: str, workdir: str | None) -> None:
-  """Refuses a path in or above --workdir, in any workdir, or where nothing can be written."""
+def _check_place(path: str, workdir: str | None) -> epath.Path:
+  """Refuses a path in or above --workdir, in any workdir, or where nothing can be written;
+  returns it as a path."""
   if not path:
     raise ValueError('--out is empty; give a path')
-  real = os.path.realpath(path)
+  out = paths.path(path)
   if workdir is not None:
-    home = os.path.realpath(workdir)
-    if _within(real, home):
-      raise ValueError(f'--out={path} is {"" if real == home else "inside "}--workdir={workdir}; '
-                       'write it outside the workdir')
-    if _within(home, real):
+    if paths.within(out, workdir):
+      inside = '' if out == paths.path(workdir) else 'inside '
+      raise ValueError(f'--out={path} is {inside}--workdir={workdir}; write it outside the workdir')
+    if paths.within(workdir, out):
       raise ValueError(f'--out={path} holds --workdir={workdir}; write it outside the workdir')
-  for folder in _ancestors(real):
+  for folder in paths.ancestors(out):
     if _is_workdir(folder):
-      raise ValueError(f'--out={path} is {"" if folder == real else "inside "}the workdir '
+      raise ValueError(f'--out={path} is {"" if folder == out else "inside "}the workdir '
                        f'{folder}; write it outside any workdir')
-  existing = next(f for f in _ancestors(os.path.dirname(real)) if os.path.lexists(f))
-  if not os.path.isdir(existing):
-    raise ValueError(f'--out={path}: {existing} is a file, not a folder')
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ValueError(f'--out={path}: cannot write in {existing}')
+  if not paths.is_uri(out):
+    existing = next(f for f in paths.ancestors(out.parent) if os.path.lexists(f))
+    if not os.path.isdir(existing):
+      raise ValueError(f'--out={path}: {existing} is a file, not a folder')
+    if not os.access(existing, os.W_OK | os.X_OK):
+      raise ValueError(f'--out={path}: cannot write in {existing}')
+  return out
 
 
-def _is_workdir(folder: str) -> bool:
+def _is_workdir(folder: epath.Path) -> bool:
   """What `train` makes: config.json and checkpoints/ (an HF folder has config.json only)."""
-  return (os.path.isfile(os.path.join(folder, 'config.json'))
-          and os.path.isdir(os.path.join(folder, 'checkpoints')))
-
-
-def _within(path: str, folder: str) -> bool:
-  return os.path.commonpath([path, folder]) == folder
-
-
-def _ancestors(path: str) -> Iterator[str]:
-  """`path` and each folder above it, up to the root."""
-  while True:
-    yield path
-    parent = os.path.dirname(path)
-    if parent == path:
-      return
-    path = parent
+  return (folder / 'config.json').is_file() and (folder / 'checkpoints').is_dir()
 
 
 @contextlib.contextmanager
 def writing(path: str, *, folder: bool = False) -> Iterator[str]:
-  """Yields a hidden temporary sibling of `path` (an empty folder if `folder`) to write into; when
-  the block completes, it becomes `path`, or its files replace their namesakes in the existing
-  folder `path`. On an exception it is removed, as are the missing parent folders it created."""
-  path = os.path.abspath(path)
-  parent = os.path.dirname(path)
-  created = next((f for f in reversed(list(_ancestors(parent))) if not os.path.exists(f)), None)
+  """Yields a local temporary path (an empty folder if `folder`) to write into; when the block
+  completes, it becomes `path`, or its files replace their namesakes in the existing folder
+  `path`. On an exception nothing is left behind. Locally the temporary is a hidden sibling,
+  renamed into place; for a URI it is uploaded file by file, each upload atomic by itself."""
+  out = paths.path(path)
+  if paths.is_uri(out):
+    with tempfile.TemporaryDirectory() as local:
+      temp = os.path.join(local, out.name)
+      if folder:
+        os.mkdir(temp)
+      yield temp
+      _upload(temp, out, folder)
+    return
+  parent = os.fspath(out.parent)
+  created = next((f for f in reversed(list(paths.ancestors(out.parent))) if not f.exists()), None)
   os.makedirs(parent, exist_ok=True)
-  temp = os.path.join(parent, f'.{os.path.basename(path)}.{secrets.token_hex(4)}.tmp')
+  temp = os.path.join(parent, f'.{out.name}.{secrets.token_hex(4)}.tmp')
   try:
     if folder:
       os.mkdir(temp)
     yield temp
-    if not folder or not os.path.isdir(path):
-      os.replace(temp, path)
+    if not folder or not out.is_dir():
+      os.replace(temp, out)
     else:
       for name in os.listdir(temp):
-        os.replace(os.path.join(temp, name), os.path.join(path, name))
+        os.replace(os.path.join(temp, name), out / name)
       os.rmdir(temp)
   except BaseException:
     if os.path.isdir(temp):
@@ -136,10 +137,21 @@ def writing(path: str, *, folder: bool = False) -> Iterator[str]:
     raise
 
 
-def is_jsonl_of(path: str, keys: Collection[str]) -> bool:
+def _upload(local: str, out: epath.Path, folder: bool) -> None:
+  """Copies the local file or folder `local` to the URI `out`."""
+  pairs = [(local, out)]
+  if folder:
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = [(os.path.join(local, name), out / name) for name in sorted(os.listdir(local))]
+  for source, target in pairs:
+    with open(source, 'rb') as f, target.open('wb') as g:
+      shutil.copyfileobj(f, g)
+
+
+def is_jsonl_of(path: epath.Path, keys: Collection[str]) -> bool:
   """Whether every line of `path` is a JSON object with exactly `keys`."""
   try:
-    with open(path, encoding='utf-8') as f:
+    with epath.Path(path).open() as f:
       return all(_is_object_of(line, keys) for line in f)
   except (OSError, UnicodeDecodeError):
     return False
@@ -153,11 +165,11 @@ def _is_object_of(line: str, keys: Collection[str]) -> bool:
   return isinstance(row, dict) and row.keys() == set(keys)
 
 
-def is_npz_of(path: str, prefixes: tuple[str, ...]) -> bool:
+def is_npz_of(path: epath.Path, prefixes: tuple[str, ...]) -> bool:
   """Whether `path` is an .npz (a zip of .npy arrays) whose arrays' names all start with one of
   `prefixes`."""
   try:
-    with zipfile.ZipFile(path) as archive:
+    with epath.Path(path).open('rb') as f, zipfile.ZipFile(f) as archive:
       names = archive.namelist()
   except (OSError, zipfile.BadZipFile):
     return False

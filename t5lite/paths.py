@@ -23,6 +23,14 @@ def path(name: str | os.PathLike) -> epath.Path:
   return epath.Path(os.path.realpath(name))
 
 
+def ancestors(place: epath.Path) -> list[epath.Path]:
+  """`place` and each folder above it, up to the root, or up to the bucket of a URI."""
+  chain = [place, *place.parents]
+  if not is_uri(place):
+    return chain
+  return [p for p in chain if is_uri(p) and os.fspath(p).split('://', 1)[1]]
+
+
 def within(inner: str | os.PathLike, outer: str | os.PathLike) -> bool:
   """Whether `inner` is `outer` or lies inside it."""
   inner, outer = os.fspath(path(inner)), os.fspath(path(outer))
