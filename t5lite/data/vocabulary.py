@@ -26,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 
 from t5lite import outputs
+from t5lite import paths
 from t5lite.data import sources
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -104,9 +105,8 @@ def load_vocabulary(name: str = BUNDLED) -> Vocabulary:
   """'bundled' (the package's vocab.model) or the path of a SentencePiece .model."""
   if name == BUNDLED:
     proto = importlib.resources.files('t5lite.data').joinpath('bundled/vocab.model').read_bytes()
-  elif os.path.isfile(name):
-    with open(name, 'rb') as f:
-      proto = f.read()
+  elif paths.path(name).is_file():
+    proto = paths.path(name).read_bytes()
   else:
     raise ValueError(f'data.vocabulary: no such file {name!r} (use "bundled" or a .model path)')
   try:

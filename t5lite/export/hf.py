@@ -28,6 +28,7 @@ from flax import nnx
 import numpy as np
 import safetensors.numpy
 
+from t5lite import paths
 from t5lite.models import build
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import Params, flatten, stack_layers, unstack_layers
@@ -210,25 +211,34 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
 
 
 def _read_folder(folder: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """config.json and every tensor of model.safetensors (single or sharded)."""
-  config_path = os.path.join(folder, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise ValueError(f'{folder} is not a Hugging Face checkpoint: no {CONFIG_FILE}')
-  with open(config_path) as f:
-    config = json.load(f)
+  """config.json and every tensor of model.safetensors (single or sharded); a local folder or a
+  gs:// one."""
+  root = paths.path(folder)
+  config = _read_json(root / CONFIG_FILE, f'{folder} is not a Hugging Face checkpoint')
   if config.get('model_type') != 't5':
     raise ValueError(f'{folder} is not a T5 checkpoint: model_type={config.get("model_type")!r}')
-  if os.path.isfile(os.path.join(folder, INDEX_FILE)):
-    with open(os.path.join(folder, INDEX_FILE)) as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
-  elif os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
+  if (root / INDEX_FILE).is_file():
+    files = sorted(set(_read_json(root / INDEX_FILE, folder).get('weight_map', {}).values()))
+  elif (root / WEIGHTS_FILE).is_file():
     files = [WEIGHTS_FILE]
   else:
     raise ValueError(f'{folder} has no {WEIGHTS_FILE} (PyTorch .bin checkpoints are not read)')
   tensors = {}
   for name in files:
-    tensors.update(safetensors.numpy.load_file(os.path.join(folder, name)))
+    try:
+      tensors.update(safetensors.numpy.load((root / name).read_bytes()))
+    except (OSError, safetensors.SafetensorError) as error:
+      raise ValueError(f'{root / name} cannot be read ({error}); is it complete?') from None
   return config, tensors
+
+
+def _read_json(file, what: str) -> dict:
+  if not file.is_file():
+    raise ValueError(f'{what}: no {file.name}')
+  try:
+    return json.loads(file.read_text())
+  except (ValueError, UnicodeDecodeError) as error:
+    raise ValueError(f'{file} is not JSON ({error})') from None
 
 
 def _model_config(config: dict[str, Any], tensors: dict[str, np.ndarray],

@@ -121,9 +121,10 @@ def read_inputs(texts: list[str], input_file: str | None = None, key: str = 'inp
       raise ValueError(f'--input number {number} is empty')
     inputs.append(text)
   if input_file:
-    if not os.path.isfile(input_file):
-      raise FileNotFoundError(f'no such input file: {input_file}')
-    with open(input_file, encoding='utf-8') as f:
+    file = paths.path(input_file)
+    if not file.is_file():
+      raise FileNotFoundError(f'no such input file: --input_file={input_file}')
+    with file.open() as f:
       for number, line in enumerate(f, 1):
         text = line.rstrip('\r\n')
         if input_file.endswith('.jsonl') and text.strip():
