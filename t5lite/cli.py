@@ -258,7 +258,7 @@ def main(argv=None) -> int:
 
 
 # Flags that count something, and the least each can mean (None, the default, is left alone).
-AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1,
+AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1, 'show': 0,
             'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0}
 
 

@@ -173,7 +173,7 @@ def _line_in(path: str, error: Exception) -> str:
   if isinstance(error, SyntaxError) and error.lineno:
     return f' (line {error.lineno})'
   lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
-           if os.path.samefile(frame.filename, path)] if os.path.exists(path) else []
+           if os.path.abspath(frame.filename) == os.path.abspath(path)]
   return f' (line {lines[-1]})' if lines else ''
 
 
@@ -219,8 +219,12 @@ def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise FileNotFoundError(f'{workdir} is not a t5lite workdir: no {path}')
   try:
-    return from_saved(json.loads(path.read_text()))
-  except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+    saved = json.loads(path.read_text())
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(section), dict)
+                                              for section in ('model', 'data', 'train')):
+      raise ValueError('no model, data and train sections')
+    return from_saved(saved)
+  except (ValueError, UnicodeDecodeError, AttributeError) as error:
     raise ValueError(f'{path} is not a saved t5lite config ({error})') from None
 
 

@@ -147,6 +147,7 @@ class Objective(NamedTuple):
 
 def _span_corruption_raw_length(data: ml_collections.ConfigDict) -> int:
   """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
+  _at_least(data, 'inputs_length', 2)  # a sentinel and EOS
   raw_length, targets_length = objectives.random_spans_helper(
       data.inputs_length, data.noise_density, data.mean_noise_span_length)
   if data.targets_length < targets_length:

@@ -40,10 +40,13 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
   its task; the same command resumes it, another source or task is refused, so that its
   checkpoints and `best/` only ever hold one fine-tuning."""
   saved = saved_finetune(workdir)
-  if pretrained is None and hf_dir is None and task is None:
+  if pretrained is None and hf_dir is None:
     if saved is None:
       raise ValueError(f'--workdir {workdir} holds no fine-tuning run to resume; start one with '
                        '--from=PRETRAINED_WORKDIR or --hf=HF_FOLDER and --task')
+    if task is not None and canonical_task(task) != saved.data.task:
+      raise ValueError(f'--workdir {workdir} fine-tunes on {saved.data.task}, not --task={task}; '
+                       'resume it with its own task or use a new --workdir')
     config = saved
     config_lib.override(config, list(overrides))
     return run(workdir, config, None)
@@ -96,6 +99,10 @@ def check_same_finetune(workdir: str, saved: ml_collections.ConfigDict,
                      'resume it with its own flags or use a new --workdir')
 
 
+def canonical_task(task: str) -> str:
+  return task if task == tasks.SENTIMENT else canonical(task)
+
+
 def canonical(path: str) -> str:
   """One name per place, to compare where a run started from."""
   return str(paths.path(path))
@@ -109,7 +116,7 @@ def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
   config.optim.update(name='adafactor', schedule='constant', learning_rate=1e-3)
   config.data.update(validation_fraction=0.1)  # held out of a task file, by input hash
   # 'sentiment' or a .tsv/.jsonl file of (input, target) texts
-  config.data.task = task if task == tasks.SENTIMENT else canonical(task)
+  config.data.task = canonical_task(task)
   config.data.inputs_key = inputs_key  # the task file's column / JSON key of the input text
   config.data.targets_key = targets_key  # ... and of the target text
   config.train.update(steps=1000, eval_every=100)
