@@ -196,10 +196,10 @@ def parser() -> argparse.ArgumentParser:
                      help="default: the run's data.targets_length")
   infer.add_argument('--method', choices=('greedy', 'sample', 'beam'), default='greedy',
                      help='how tokens are chosen')
-  infer.add_argument('--temperature', type=float, default=1.0, help='sample')
+  infer.add_argument('--temperature', type=float, default=1.0, help='softmax temperature (sample)')
   infer.add_argument('--top_k', type=int, default=0, help='sample from the k most likely; 0: all')
   infer.add_argument('--top_p', type=float, default=1.0, help='sample from the nucleus of mass p')
-  infer.add_argument('--beam_size', type=int, default=4, help='beam')
+  infer.add_argument('--beam_size', type=int, default=4, help='hypotheses kept (beam)')
   infer.add_argument('--alpha', type=float, default=0.6,
                      help='beam length penalty ((5 + length) / 6)**alpha')
   infer.add_argument('--seed', type=int, default=0, help='sampling seed')

@@ -14,7 +14,6 @@ step) are tests of their own at the end.
 """
 
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ import pytest
 
 from t5lite import cli
 from t5lite.train import workdir as workdir_lib
+from tests.fs import snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
@@ -93,17 +93,6 @@ def write_task(path, count: int = 200) -> str:
   return str(path)
 
 
-def snapshot(directory) -> dict[str, str]:
-  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'."""
-  found = {}
-  for root, folders, files in os.walk(directory):
-    for name in folders:
-      found[os.path.relpath(os.path.join(root, name), directory)] = 'folder'
-    for name in files:
-      path = os.path.join(root, name)
-      with open(path, 'rb') as f:
-        found[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
-  return found
 
 
 def changes(before: dict[str, str], after: dict[str, str]) -> str:

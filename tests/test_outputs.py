@@ -2,7 +2,6 @@
 `infer --out`, `data --out` and `tokenizer` refusing in one line before any work, with the file
 system byte for byte as it was."""
 
-import hashlib
 import json
 import os
 import pathlib
@@ -18,6 +17,7 @@ from t5lite.data import sources
 from t5lite.data import vocabulary
 from t5lite.train import workdir as workdir_lib
 from tests.train.test_loop import ROOT, train
+from tests.fs import snapshot
 
 EXPORT = ('config.json', 'model.safetensors')
 
@@ -34,16 +34,6 @@ def check(kind: str, path, **kwargs) -> None:
     outputs.check_file(str(path), is_infer_output, **kwargs)
 
 
-def snapshot(directory) -> dict[str, str]:
-  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'."""
-  found = {}
-  for root, folders, files in os.walk(directory):
-    for name in folders:
-      found[os.path.relpath(os.path.join(root, name), directory)] = 'folder'
-    for name in files:
-      found[os.path.relpath(os.path.join(root, name), directory)] = hashlib.sha256(
-          pathlib.Path(root, name).read_bytes()).hexdigest()
-  return found
 
 
 def fake_workdir(path: pathlib.Path) -> pathlib.Path:

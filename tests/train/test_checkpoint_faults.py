@@ -6,8 +6,6 @@ they share a persistent compilation cache, so a restart skips most of the compil
 workdir tests run in this process on the 8 fake devices of tests/conftest.py.
 """
 
-import contextlib
-import hashlib
 import json
 import os
 import pwd
@@ -32,6 +30,7 @@ from t5lite import cli
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import workdir as workdir_lib
 from test_loop import ROOT, SMALL, metrics, saved_params, train
+from tests.fs import acting_as, snapshot
 
 TMP_SUFFIX = '.orbax-checkpoint-tmp'  # orbax writes step N here and renames it to N when complete
 STEPS, EVERY = 12, 2
@@ -88,7 +87,7 @@ def launch(workdir, compile_cache, kill=None) -> dict:
   reader.join()
   assert returncode == (-signal.SIGKILL if killed else 0), ''.join(output[-20:])
   return dict(first=printed[0] if printed else None, last=printed[-1] if printed else None,
-              killed=killed, in_save=in_save)
+              killed=killed, in_save=in_save, output=''.join(output))
 
 
 def writing_state(workdir, from_step: int) -> int | None:
@@ -160,6 +159,10 @@ def test_sigkill_inside_a_save_resumes_from_the_latest_complete_checkpoint(tmp_p
   before_kill = metrics(tmp_path)
   resumed = launch(tmp_path, compile_cache)
   assert resumed['first'] == killed['resume_from'] + 1 and resumed['last'] == STEPS
+  # The killed run's lock was left behind; the restart took it over and removed it at the end.
+  assert re.search(rf'^taking over the lock of {tmp_path} left by pid \d+ on host .* '
+                   r'\(no longer running\)$', resumed['output'], re.M), resumed['output']
+  assert not (tmp_path / 't5lite.lock').exists()
   redone = [step for step in before_kill if step > killed['resume_from']]
   assert redone and [before_kill[s]['loss'] for s in redone] == [
       metrics(tmp_path)[s]['loss'] for s in redone]
@@ -197,17 +200,6 @@ def one_line_error(capsys) -> str:
   return lines[0]
 
 
-def snapshot(directory) -> dict[str, str]:
-  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'."""
-  found = {}
-  for root, folders, files in os.walk(directory):
-    for name in folders:
-      found[os.path.relpath(os.path.join(root, name), directory)] = 'folder'
-    for name in files:
-      with open(os.path.join(root, name), 'rb') as f:
-        found[os.path.relpath(os.path.join(root, name), directory)] = hashlib.sha256(
-            f.read()).hexdigest()
-  return found
 
 
 def copy_until(workdir, step: int, destination) -> str:
@@ -314,19 +306,6 @@ def test_resuming_another_optimizer_state_layout_changes_nothing(trained_222, tm
                    '--config.optim.name=adamw']) == 0
 
 
-@contextlib.contextmanager
-def acting_as(user):
-  """Root ignores file modes: a root test acts meanwhile as `user`, for whom they hold."""
-  if user is None:
-    yield
-    return
-  os.setegid(user.pw_gid)
-  os.seteuid(user.pw_uid)
-  try:
-    yield
-  finally:
-    os.seteuid(0)
-    os.setegid(0)
 
 
 def test_an_unwritable_workdir_is_refused_in_one_line(trained_222, capsys):

@@ -16,7 +16,10 @@ import uuid
 
 import pytest
 
+from t5lite import cli
 from t5lite.train import lock as lock_lib
+from tests.fs import acting_as, snapshot
+from tests.train.test_loop import SMALL
 
 HOST = socket.gethostname()
 SINCE = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC'
@@ -266,16 +269,17 @@ def test_an_unwritable_workdir_is_refused_in_one_line(tmp_path):
     shutil.rmtree(base)
 
 
-@contextlib.contextmanager
-def acting_as(user):
-  """Root ignores file modes: a root test acts meanwhile as `user`, for whom they hold."""
-  if user is None:
-    yield
-    return
-  os.setegid(user.pw_gid)
-  os.seteuid(user.pw_uid)
-  try:
-    yield
-  finally:
-    os.seteuid(0)
-    os.setegid(0)
+
+def test_a_second_train_on_a_locked_workdir_is_refused_before_it_writes(tmp_path, capfd):
+  """Through the real command: one line naming the live holder, exit 2, the workdir untouched."""
+  workdir = tmp_path / 'run'
+  with holder(workdir) as process:
+    before = snapshot(workdir)
+    capfd.readouterr()
+    assert cli.main(['train', f'--workdir={workdir}', *SMALL, '--config.train.steps=1']) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert snapshot(workdir) == before and sorted(before) == ['t5lite.lock']
+  assert len(lines) == 1, lines
+  assert re.fullmatch(rf't5lite train: error: {workdir} is in use by t5lite train on host '
+                      rf'{re.escape(HOST)}, pid {process.pid}, since {SINCE}; wait for it or '
+                      r'stop it', lines[0]), lines[0]

@@ -1,0 +1,34 @@
+"""File-system helpers of the fault tests: a snapshot that shows whether anything changed, and
+acting as another user where root would ignore file modes."""
+
+import contextlib
+import hashlib
+import os
+
+
+def snapshot(directory) -> dict[str, str]:
+  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'."""
+  found = {}
+  for root, folders, files in os.walk(directory):
+    for name in folders:
+      found[os.path.relpath(os.path.join(root, name), directory)] = 'folder'
+    for name in files:
+      with open(os.path.join(root, name), 'rb') as f:
+        found[os.path.relpath(os.path.join(root, name), directory)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return found
+
+
+@contextlib.contextmanager
+def acting_as(user):
+  """Root ignores file modes: a root test acts meanwhile as `user`, for whom they hold."""
+  if user is None:
+    yield
+    return
+  os.setegid(user.pw_gid)
+  os.seteuid(user.pw_uid)
+  try:
+    yield
+  finally:
+    os.seteuid(0)
+    os.setegid(0)
