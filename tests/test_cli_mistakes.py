@@ -106,11 +106,14 @@ def changes(before: dict[str, str], after: dict[str, str]) -> str:
   return '; '.join(parts)
 
 
-def truncate_biggest(directory) -> None:
-  """Cuts the biggest file under `directory` to half its size: a damaged checkpoint."""
-  files = [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
-  biggest = max(files, key=os.path.getsize)
-  os.truncate(biggest, os.path.getsize(biggest) // 2)
+def truncate_arrays(directory) -> None:
+  """Cuts every array data file under `directory` (OCDBT's d/ files) to half its size: a damaged
+  checkpoint whichever arrays a command reads (the parameters alone, or all)."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names
+           if os.path.basename(root) == 'd']
+  assert files, f'no array data under {directory}'
+  for path in files:
+    os.truncate(path, os.path.getsize(path) // 2)
 
 
 class World(NamedTuple):
@@ -195,7 +198,7 @@ class Setup:
 
   def damaged_run(self) -> str:
     """The run's copy with its latest checkpoint (step 2) cut short."""
-    truncate_biggest(os.path.join(self.run, 'checkpoints', '2', 'state'))
+    truncate_arrays(os.path.join(self.run, 'checkpoints', '2', 'state'))
     return self.run
 
   def truncated_hf(self) -> str:

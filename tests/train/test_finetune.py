@@ -126,7 +126,7 @@ def test_bad_requests_fail_in_one_line_before_touching_the_workdir(tmp_path, cap
     (['--from={tmp}/nowhere'], 'is not a t5lite workdir: no'),
     (['--hf={tmp}/nowhere'], 'nowhere'),
     (['--from={tmp}/nowhere', '--hf={tmp}/nowhere'], 'give one of --from=PRETRAINED_WORKDIR'),
-    ([], 'give one of --from=PRETRAINED_WORKDIR or --hf=HF_FOLDER'),
+    ([], 'holds no fine-tuning run to resume; start one with --from=PRETRAINED_WORKDIR or'),
 ])
 def test_a_start_that_is_not_there_fails_in_one_line(tmp_path, capsys, flags, message):
   flags = [f.format(tmp=tmp_path) for f in flags]
