@@ -104,8 +104,9 @@ def finetune_command(args, overrides):
                               random_init=args.random_init, task=args.task,
                               inputs_key=args.inputs_key, targets_key=args.targets_key,
                               overrides=overrides)
-  print(f'best held-out checkpoint: step {metrics["best_step"]} in '
-        f'{os.path.join(args.workdir, finetune.BEST)}')
+  if metrics['best_step'] is not None:
+    print(f'best held-out checkpoint: step {metrics["best_step"]} in '
+          f'{args.workdir}/{finetune.BEST}')
 
 
 @command('plan', 'per-device memory, FLOPs and step time of a config on a topology, no hardware')

@@ -149,9 +149,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   latest = reader.latest_step()
   if latest is not None:
     check_same_model(reader, latest, config)
-    if latest >= config.train.steps:
-      raise ValueError(f'{workdir} is at step {latest} already, config.train.steps='
-                       f'{config.train.steps}: nothing to train (raise --config.train.steps)')
+    if latest >= config.train.steps:  # a finished job run again: no mistake, nothing to write
+      if jax.process_index() == 0:
+        print(f'{workdir} is at step {latest} already, config.train.steps='
+              f'{config.train.steps}: nothing to train', flush=True)
+      reader.close()
+      return {'step': latest}
   if jax.process_index() == 0:
     print(config, flush=True)
   # measures the CPU's matmul rate: before the mesh
