@@ -27,6 +27,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from t5lite import paths
+
 BUNDLED = 'bundled'
 TFDS_PREFIX = 'tfds:'
 SPLITS = ('train', 'validation', 'all')
@@ -62,14 +64,15 @@ def _raw_files(pattern: str):
     path = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
     yield 'corpus.jsonl.xz', path.read_bytes()
     return
-  paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-  if not paths:
+  names = [pattern]
+  if glob.has_magic(pattern):  # TensorFlow's glob for gs:// patterns
+    names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
+  if not names:
     raise ValueError(f'data.source: the pattern {pattern!r} matches no files')
-  for path in paths:
-    if not os.path.isfile(path):
-      raise ValueError(f'data.source: no such file {path!r}')
-    with open(path, 'rb') as f:
-      yield path, f.read()
+  for name in names:
+    if not paths.path(name).is_file():
+      raise ValueError(f'data.source: no such file {name!r}')
+    yield name, paths.path(name).read_bytes()
 
 
 def _parse(name: str, raw: bytes, text_key: str, skipped: collections.Counter) -> list[str]:

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import importlib.resources
 import json
-import os
 from typing import NamedTuple
 
 from absl import logging
@@ -35,6 +34,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from t5lite import paths
 from t5lite.data import packing
 from t5lite.data import pipeline
 from t5lite.data import sources
@@ -120,11 +120,11 @@ def sentiment_examples() -> dict[str, list[Example]]:
 def file_examples(path: str, inputs_key: str, targets_key: str,
                   validation_fraction: float) -> dict[str, list[Example]]:
   """A .tsv/.jsonl task file's examples, held out by a stable hash of the input text."""
-  if not os.path.isfile(path):
+  file = paths.path(path)
+  if not file.is_file():
     raise FileNotFoundError(f'data.task: no such file {path!r} (or name a bundled task: '
                             f'{SENTIMENT})')
-  with open(path, encoding='utf-8') as f:
-    records = read_records(path, f.read(), (inputs_key, targets_key))
+  records = read_records(path, file.read_text(), (inputs_key, targets_key))
   for number, (inputs, targets) in records:
     if not inputs.strip():
       raise ValueError(f'{path}:{number}: empty input')
