@@ -140,4 +140,4 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
   with outputs.writing(out_dir, folder=True) as temp:
     with open(os.path.join(temp, VOCAB_FILE), 'wb') as f:
       f.write(model.getvalue())
-  return os.path.join(out_dir, VOCAB_FILE)
+  return str(paths.path(out_dir) / VOCAB_FILE)
