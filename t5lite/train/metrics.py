@@ -29,7 +29,8 @@ class MetricWriter:
     path = folder / 'metrics.jsonl'
     if path.exists():
       drop_rows_after(path, start_step)
-    self._jsonl = path.open('a')
+    # TF's own file (epath's open is a context manager on gs://); there each flush re-uploads it
+    self._jsonl = tf.io.gfile.GFile(str(path), 'a')
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
