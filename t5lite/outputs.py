@@ -81,7 +81,7 @@ def _check_place(path: str, workdir: str | None) -> epath.Path:
     if paths.within(workdir, out):
       raise ValueError(f'--out={path} holds --workdir={workdir}; write it outside the workdir')
   for folder in paths.ancestors(out):
-    if _is_workdir(folder):
+    if is_workdir(folder):
       raise ValueError(f'--out={path} is {"" if folder == out else "inside "}the workdir '
                        f'{folder}; write it outside any workdir')
   if not paths.is_uri(out):
@@ -93,7 +93,7 @@ def _check_place(path: str, workdir: str | None) -> epath.Path:
   return out
 
 
-def _is_workdir(folder: epath.Path) -> bool:
+def is_workdir(folder: epath.Path) -> bool:
   """What `train` makes: config.json and checkpoints/ (an HF folder has config.json only)."""
   return (folder / 'config.json').is_file() and (folder / 'checkpoints').is_dir()
 

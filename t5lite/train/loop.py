@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
+from t5lite import outputs
 from t5lite import paths
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
@@ -141,6 +142,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   """
   inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
+  enclosing = [f for f in paths.ancestors(paths.path(workdir))[1:] if outputs.is_workdir(f)]
+  if enclosing:
+    raise ValueError(f'--workdir {workdir} is inside the workdir {enclosing[0]}; give a '
+                     'folder of its own')
   if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
     raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
   teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
