@@ -290,14 +290,27 @@ def lost_within_grace(args) -> str | None:
   return None
 
 
+def unlock_command(args) -> list[str] | None:
+  """Removes the lock that a lost slice's run left in its gs:// workdir. Its holder went with the
+  slice, but the new slice's worker 0 is another host, which would wait out the old heartbeat
+  (t5lite/train/lock.py) before taking the lock over; a missing lock makes it fail, harmlessly."""
+  path = workdir(args.train_flags)
+  project = [f'--project={args.project}'] if args.project else []
+  return (['gcloud', 'storage', 'rm', *project, f'{path.rstrip("/")}/t5lite.lock']
+          if path and path.startswith('gs://') else None)
+
+
 def recreate(args, state: str | None):
-  """Delete what is left of the slice, then create, install and train anew, until that works."""
+  """Delete what is left of the slice and its run's lock, then create, install and train anew,
+  until that works."""
   say(f'{args.name} is {state}; recreating it, training resumes from the latest checkpoint in '
       'the workdir')
   while True:
     try:
       if state != 'NOT_FOUND':
         execute(args, delete_commands(args))
+      if command := unlock_command(args):
+        query(command)
       launch(args)
       return
     except (subprocess.CalledProcessError, SystemExit) as error:

@@ -219,7 +219,9 @@ def test_the_stopped_early_status_is_t5lites():
 
 
 def command_kind(command: list[str]) -> str:
-  """create, delete, state, setup (mkdir, scp, install), train or status."""
+  """create, delete, state, setup (mkdir, scp, install), train, status or unlock."""
+  if command[1] == 'storage':
+    return 'unlock' if command[2] == 'rm' and command[-1].endswith('/t5lite.lock') else '?'
   action = command[4]
   if action == 'ssh':
     script = command[-1].removeprefix('--command=')
@@ -297,7 +299,7 @@ def test_watch_keeps_the_slice_with_keep_slice(monkeypatch, capsys):
 def test_watch_recreates_a_preempted_slice_and_resumes(monkeypatch):
   status, calls = watch(monkeypatch, ['READY', 'PREEMPTED', 'READY'], ['', '0'])
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', 'state', 'delete', *LAUNCH, 'state', 'status',
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'delete', 'unlock', *LAUNCH, 'state', 'status',
                    'delete']
 
 
@@ -308,7 +310,7 @@ def test_an_exit_followed_by_preemption_within_the_grace_period_recreates(monkey
   status, calls = watch(monkeypatch, ['READY', 'READY', 'READY', 'PREEMPTED', 'READY'],
                         [exit_status, '0'])
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'state', 'delete', *LAUNCH,
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'state', 'delete', 'unlock', *LAUNCH,
                    'state', 'status', 'delete']
 
 
@@ -322,7 +324,7 @@ def test_stopped_early_on_a_slice_that_stays_healthy_trains_again_on_it(monkeypa
 def test_training_that_does_not_start_again_recreates_the_slice(monkeypatch):
   status, calls = watch(monkeypatch, ['READY'], ['75', '0'], fail={'train': 2})
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'delete', *LAUNCH,
+  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'delete', 'unlock', *LAUNCH,
                    'state', 'status', 'delete']
 
 
@@ -339,8 +341,8 @@ def test_recreating_tries_again_until_it_works(monkeypatch):
   status, calls = watch(monkeypatch, ['READY', 'NOT_FOUND', 'NOT_FOUND', 'READY'], ['', '0'],
                         fail={'create': 2})
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', 'state', 'create', 'state', *LAUNCH, 'state',
-                   'status', 'delete']
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'unlock', 'create', 'state', 'unlock',
+                   *LAUNCH, 'state', 'status', 'delete']
 
 
 def test_a_suspended_queued_resource_is_queued_again(monkeypatch):
@@ -350,8 +352,19 @@ def test_a_suspended_queued_resource_is_queued_again(monkeypatch):
   assert tpu_vm.main(['run', *V5E, '--accelerator_type=v5litepod-32', '--queued', '--spot',
                       '--restart_on_preemption', '--', *FLAGS]) == 0
   queued = ['create', 'state', *LAUNCH[1:]]  # create, wait for ACTIVE, setup, train
-  assert gcloud.calls == [*queued, 'state', 'delete', 'create', 'state', 'state', *LAUNCH[1:],
+  assert gcloud.calls == [*queued, 'state', 'delete', 'unlock', 'create', 'state', 'state',
+                          *LAUNCH[1:],
                           'state', 'status', 'state', 'status', 'delete']
+
+
+def test_a_recreated_slice_removes_the_lost_runs_lock_of_a_gs_workdir():
+  args = tpu_vm.parse_args(['run', *V4, '--accelerator_type=v4-8', '--project=p', '--',
+                            *FLAGS])
+  assert tpu_vm.unlock_command(args) == [
+      'gcloud', 'storage', 'rm', '--project=p', 'gs://bucket/runs/tiny/t5lite.lock']
+  local = tpu_vm.parse_args(['run', *V4, '--accelerator_type=v4-8', '--',
+                             '--workdir=/mnt/runs/tiny'])
+  assert tpu_vm.unlock_command(local) is None
 
 
 def remote(script: str, home) -> str:
