@@ -30,6 +30,7 @@ import pytest
 from t5lite import cli
 from t5lite.train import workdir as workdir_lib
 from tests.fs import snapshot
+from tests.texts import keyword_task, random_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
@@ -54,7 +55,6 @@ TINY_GPT = [f'--config={CONFIGS}/gpt2_small.py', '--config.model.vocab_size=8192
 # A fine-tuning run kept to one step and no evaluation, were it (wrongly) to start.
 TINY_FINETUNE = ['--config.train.steps=1', '--config.train.eval_every=0',
                  '--config.checkpoint.async_save=false']
-WORDS = 'the sea ship captain mind letter house sister ball dance carriage nation people'.split()
 
 GOOD_CONFIG = ('from t5lite import config as t5config\n\n\n'
                'def get_config():\n  return t5config.base_config()\n')
@@ -69,41 +69,6 @@ BAD_CONFIGS = {
                      'def get_config(size):\n  return t5config.base_config()\n'),
     'returns_dict.py': 'def get_config():\n  return {"train": {"steps": 10}}\n',
 }
-
-
-def write_corpus(path) -> str:
-  """40 short documents of random words: tokenized in no time, unlike the bundled corpus."""
-  rng = np.random.default_rng(1)
-  with open(path, 'w', encoding='utf-8') as f:
-    f.write('\n\n'.join(' '.join(rng.choice(WORDS, 40)) for _ in range(40)))
-  return str(path)
-
-
-def write_task(path, count: int = 200) -> str:
-  """A .tsv task: 'yes' if the words include 'whale', else 'no'."""
-  rng = np.random.default_rng(0)
-  lines = ['input\ttarget']
-  for i in range(count):
-    words = list(rng.choice(WORDS, rng.integers(3, 9)))
-    if i % 2:
-      words[rng.integers(len(words))] = 'whale'
-    lines.append(f'{" ".join(words)}\t{"yes" if i % 2 else "no"}')
-  with open(path, 'w', encoding='utf-8') as f:
-    f.write('\n'.join(lines) + '\n')
-  return str(path)
-
-
-
-
-def changes(before: dict[str, str], after: dict[str, str]) -> str:
-  """'added a, b; removed c; changed d' (a few of each): what a failed snapshot check shows."""
-  def few(names):
-    names = sorted(names)
-    return ', '.join(names[:5]) + (f' and {len(names) - 5} more' if len(names) > 5 else '')
-  parts = [(f'{what} {few(names)}') for what, names in (
-      ('added', after.keys() - before.keys()), ('removed', before.keys() - after.keys()),
-      ('changed', [k for k in before.keys() & after.keys() if before[k] != after[k]])) if names]
-  return '; '.join(parts)
 
 
 def truncate_arrays(directory) -> None:
@@ -128,7 +93,7 @@ class World(NamedTuple):
 @pytest.fixture(scope='module')
 def world(tmp_path_factory) -> World:
   base = tmp_path_factory.mktemp('world')
-  text, task = write_corpus(base / 'text.txt'), write_task(base / 'task.tsv')
+  text, task = random_corpus(base / 'text.txt'), keyword_task(base / 'task.tsv', 200)
   run, hf, ft = str(base / 'run'), str(base / 'hf'), str(base / 'ft')
   assert cli.main(['train', f'--workdir={run}', *TINY_RUN, '--config.train.steps=2',
                    '--config.checkpoint.every_steps=1', f'--config.data.source={text}']) == 0
@@ -630,10 +595,10 @@ def mistakes() -> list[Case]:
                                 '--config.train.steps=0'), 'train.steps', 'new'),
       Case('finetune-resume-another-task',
            lambda s: s.finetune(s.ft, f'--from={s.world.run}',
-                                '--task=' + write_task(s.path('other_task.tsv'), 100)),
+                                '--task=' + keyword_task(s.path('other_task.tsv'), 100)),
            lambda s: ('--task', s.path('other_task.tsv')), 'ft'),
       Case('finetune-resume-giving-only-another-task',
-           lambda s: s.finetune(s.ft, '--task=' + write_task(s.path('other_task.tsv'), 100)),
+           lambda s: s.finetune(s.ft, '--task=' + keyword_task(s.path('other_task.tsv'), 100)),
            lambda s: ('--task', s.path('other_task.tsv')), 'ft'),
       Case('finetune-resume-another-from',
            lambda s: s.finetune(s.ft, f'--from={s.run}', f'--task={s.world.task}'),
@@ -843,7 +808,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(
   file system, a checkpoint every step, all kept: a save fills the disk. One line on stderr says
   so, exit status 2, and every checkpoint completed before it restores."""
   workdir = os.path.join(small_disk, 'run')
-  text = write_corpus(tmp_path / 'text.txt')
+  text = random_corpus(tmp_path / 'text.txt')
   flags = [*TINY_RUN, f'--config.data.source={text}', '--config.train.steps=20',
            '--config.checkpoint.every_steps=1', '--config.checkpoint.keep=100',
            '--config.checkpoint.async_save=true']

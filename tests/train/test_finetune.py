@@ -9,9 +9,9 @@ import pytest
 from t5lite import cli
 from t5lite.train import losses
 from test_loop import SMALL
+from tests.texts import keyword_task, random_corpus
 
 TINY = [*SMALL, '--config.train.steps=2']  # t5_tiny shrunk to seconds per run, 8 fake devices
-WORDS = 'the sea ship captain mind letter house sister ball dance carriage nation people'.split()
 
 
 @pytest.fixture(scope='module')
@@ -19,24 +19,9 @@ def pretrained(tmp_path_factory):
   """A tiny pretrained workdir: two steps of span corruption on a few short documents (the
   bundled corpus would take longer to tokenize than the steps take)."""
   workdir = tmp_path_factory.mktemp('pretrained')
-  rng = np.random.default_rng(1)
-  text = workdir / 'text.txt'
-  text.write_text('\n\n'.join(' '.join(rng.choice(WORDS, 40)) for _ in range(40)))
+  text = random_corpus(workdir / 'text.txt')
   assert cli.main(['train', f'--workdir={workdir}', *TINY, f'--config.data.source={text}']) == 0
   return workdir
-
-
-def keyword_task(path, count: int = 800) -> str:
-  """A two-class task: 'yes' if the 3 to 8 words include 'whale', else 'no'; half of each."""
-  rng = np.random.default_rng(0)
-  lines = ['input\ttarget']
-  for i in range(count):
-    words = list(rng.choice(WORDS, rng.integers(3, 9)))
-    if i % 2:
-      words[rng.integers(len(words))] = 'whale'
-    lines.append(f'{" ".join(words)}\t{"yes" if i % 2 else "no"}')
-  path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
-  return str(path)
 
 
 def finetune(workdir, *flags) -> int:
