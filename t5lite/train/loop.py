@@ -142,12 +142,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   """
   inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
-  enclosing = [f for f in paths.ancestors(paths.path(workdir))[1:] if outputs.is_workdir(f)]
-  if enclosing:
-    raise ValueError(f'--workdir {workdir} is inside the workdir {enclosing[0]}; give a '
-                     'folder of its own')
-  if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
-    raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
+  check_place(workdir, config)
   teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
              if config.train.teacher_workdir else None)
   reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
@@ -176,10 +171,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       logging.info('resumed from %s at step %d', reader.directory, latest)
     reader.close()
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    batches = DeviceBatches(inputs.train(data_start), batch_sharding)
-    batches.peek()  # the data can be read and makes batches
-    if config.train.eval_every:
-      next(inputs.held_out()[0])  # there is held-out data to evaluate on
+    batches = checked_batches(config, inputs, data_start, batch_sharding)
     objective = objectives.make(config, model_cfg, teacher, exact_match=inputs.exact_match)
     train_step = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
     eval_step = step_lib.jit_eval_step(spec, mesh, objective)
@@ -198,6 +190,27 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
         checkpointer.close()
         if keep_best:
           keep_best.close()  # its last save too is written under the lock
+
+
+def check_place(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses a workdir inside another one (e.g. its checkpoints/) or one that is its own
+  distillation teacher."""
+  enclosing = [f for f in paths.ancestors(paths.path(workdir))[1:] if outputs.is_workdir(f)]
+  if enclosing:
+    raise ValueError(f'--workdir {workdir} is inside the workdir {enclosing[0]}; give a '
+                     'folder of its own')
+  if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
+    raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
+
+
+def checked_batches(config, inputs: Inputs, start, sharding: NamedSharding) -> 'DeviceBatches':
+  """The training batches from `start`, their first one already made, and with evaluation on, a
+  held-out batch made too: data that cannot be read fails here, before the workdir is written."""
+  batches = DeviceBatches(inputs.train(start), sharding)
+  batches.peek()
+  if config.train.eval_every:
+    next(inputs.held_out()[0])
+  return batches
 
 
 @contextlib.contextmanager
