@@ -54,8 +54,7 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
     raise ValueError(f'give --task ({tasks.SENTIMENT} or a .tsv/.jsonl file of input and '
                      'target texts)')
   source = pretrained if hf_dir is None else hf_dir
-  if source is not None:
-    check_apart(workdir, source, '--from' if hf_dir is None else '--hf')
+  check_apart(workdir, source, '--from' if hf_dir is None else '--hf')
   base, init_params = pretrained_start(pretrained, hf_dir)
   config = finetune_config(base, task, inputs_key, targets_key, list(overrides))
   config.finetune = ml_collections.ConfigDict(

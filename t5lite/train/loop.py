@@ -250,10 +250,10 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
               keep_best=None, frozen=None) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
 
-  `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved), `evaluator(params)`
-  returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given, sees the state and
-  metrics after each evaluation (fine-tuning keeps its best checkpoint there). `frozen` goes to
-  every step (see step.py).
+  `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved),
+  `evaluator(params)` returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given,
+  sees the state and metrics after each evaluation (fine-tuning keeps its best checkpoint there).
+  `frozen` goes to every step (see step.py).
   """
   train_cfg = config.train
   start = int(state.step)
