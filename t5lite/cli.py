@@ -177,8 +177,9 @@ def parser() -> argparse.ArgumentParser:
                      help='seconds to wait for all processes to join')
   parsers['eval'].add_argument('--data', help='a .txt/.jsonl file to evaluate on instead of the '
                                'validation split')
-  parsers['eval'].add_argument('--num_batches', type=int, default=None,
-                               help='default: train.eval_batches (a task: all its held-out batches)')
+  parsers['eval'].add_argument(
+      '--num_batches', type=int, default=None,
+      help='default: train.eval_batches (a task: all its held-out batches)')
   data = parsers['data']
   data.add_argument('--num_batches', type=int, default=4, help='batches to write')
   data.add_argument('--out', help='.npz file for the batches')

@@ -124,7 +124,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if value < minimum:
       raise ValueError(f'config.{name}={value} must be at least {minimum}')
   for name, value in [('optim.weight_decay', optim.weight_decay),
-                      ('optim.clip_grad_norm', optim.clip_grad_norm), ('train.z_loss', train.z_loss),
+                      ('optim.clip_grad_norm', optim.clip_grad_norm),
+                      ('train.z_loss', train.z_loss),
                       ('train.distill_hidden_weight', train.distill_hidden_weight)]:
     if value < 0:
       raise ValueError(f'config.{name}={value} must be at least 0')

@@ -299,7 +299,8 @@ def test_watch_keeps_the_slice_with_keep_slice(monkeypatch, capsys):
 def test_watch_recreates_a_preempted_slice_and_resumes(monkeypatch):
   status, calls = watch(monkeypatch, ['READY', 'PREEMPTED', 'READY'], ['', '0'])
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', 'state', 'delete', 'unlock', *LAUNCH, 'state', 'status',
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'delete', 'unlock', *LAUNCH, 'state',
+                   'status',
                    'delete']
 
 
@@ -310,7 +311,8 @@ def test_an_exit_followed_by_preemption_within_the_grace_period_recreates(monkey
   status, calls = watch(monkeypatch, ['READY', 'READY', 'READY', 'PREEMPTED', 'READY'],
                         [exit_status, '0'])
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'state', 'delete', 'unlock', *LAUNCH,
+  assert calls == [*LAUNCH, 'state', 'status', 'state', 'state', 'state', 'delete', 'unlock',
+                   *LAUNCH,
                    'state', 'status', 'delete']
 
 
@@ -324,7 +326,8 @@ def test_stopped_early_on_a_slice_that_stays_healthy_trains_again_on_it(monkeypa
 def test_training_that_does_not_start_again_recreates_the_slice(monkeypatch):
   status, calls = watch(monkeypatch, ['READY'], ['75', '0'], fail={'train': 2})
   assert status == 0
-  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'delete', 'unlock', *LAUNCH,
+  assert calls == [*LAUNCH, 'state', 'status', *GRACE, 'train', 'state', 'delete', 'unlock',
+                   *LAUNCH,
                    'state', 'status', 'delete']
 
 
