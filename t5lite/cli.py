@@ -38,12 +38,11 @@ def load_run_config(args, overrides):
 
 @command('train', 'pretrain a model; resumes from the workdir if it holds a checkpoint')
 def train_command(args, overrides):
-  from t5lite.train import distributed, loop, preemption
+  from t5lite.train import distributed, loop
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
                          args.coordinator_timeout, args.multihost)
   config = load_run_config(args, overrides)
-  last = loop.train(config, args.workdir)
-  return 0 if last['step'] >= config.train.steps else preemption.EXIT_STOPPED_EARLY
+  return exit_status(loop.train(config, args.workdir))
 
 
 @command('eval', 'held-out loss and accuracy of the latest checkpoint')
@@ -107,6 +106,13 @@ def finetune_command(args, overrides):
   if metrics['best_step'] is not None:
     print(f'best held-out checkpoint: step {metrics["best_step"]} in '
           f'{args.workdir}/{finetune.BEST}')
+  return exit_status(metrics)
+
+
+def exit_status(last: dict) -> int:
+  """0 for a run that reached train.steps; EXIT_STOPPED_EARLY for one that saved and stopped."""
+  from t5lite.train import preemption
+  return 0 if last['finished'] else preemption.EXIT_STOPPED_EARLY
 
 
 @command('plan', 'per-device memory, FLOPs and step time of a config on a topology, no hardware')

@@ -129,7 +129,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
           init_params: Callable | None = None, keep_best: Callable | None = None,
           command: str = 't5lite train') -> dict:
   """Trains to `config.train.steps`, resuming from the workdir's latest checkpoint; returns the
-  last logged metrics and the step it stopped at.
+  last logged metrics, the step it stopped at and whether that finished the run (False: it saved
+  and stopped early, on SIGTERM, Ctrl-C or a preemption notice).
 
   Everything the run depends on is checked before the workdir is written: the config, the
   teacher, the checkpoint it resumes (read, not opened for writing), the first training batch and
@@ -154,7 +155,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
         print(f'{workdir} is at step {latest} already, config.train.steps='
               f'{config.train.steps}: nothing to train', flush=True)
       reader.close()
-      return {'step': latest}
+      return {'step': latest, 'finished': True}
   if jax.process_index() == 0:
     print(config, flush=True)
   # measures the CPU's matmul rate: before the mesh
@@ -296,7 +297,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
   finally:
     preempted.restore()
     writer.close()
-  return dict(last, step=step)
+  return dict(last, step=step, finished=step >= train_cfg.steps)
 
 
 class DeviceBatches:

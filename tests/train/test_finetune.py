@@ -2,13 +2,17 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from t5lite import cli
 from t5lite.train import losses
-from test_loop import SMALL
+from t5lite.train import preemption
+from test_loop import ROOT, SMALL
 from tests.texts import keyword_task, random_corpus
 
 TINY = [*SMALL, '--config.train.steps=2']  # t5_tiny shrunk to seconds per run, 8 fake devices
@@ -194,3 +198,22 @@ def test_exact_match_on_packed_rows_is_greedy_decodings_accuracy():
                                   weights[row:row + 1] * keep, ids(length)[row:row + 1])
       assert float(sums['sequences']) == 1
       assert float(sums['exact']) == (not changed[example]), (row, segment)
+
+
+def test_sigterm_saves_and_exits_75_as_train_does(tmp_path, pretrained):
+  """A fine-tuning stopped early says so to its launcher: status 75, and its step saved."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  process = subprocess.Popen(
+      [sys.executable, '-m', 't5lite', 'finetune', f'--workdir={tmp_path / "ft"}',
+       f'--from={pretrained}', f'--task={keyword_task(tmp_path / "task.tsv")}',
+       '--config.train.steps=100000', '--config.train.eval_every=0',
+       '--config.train.log_every=1', '--config.checkpoint.every_steps=100000'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for line in process.stdout:  # wait until it is really stepping
+    if line.startswith('step 2/'):
+      break
+  process.send_signal(signal.SIGTERM)
+  process.stdout.read()
+  assert process.wait(timeout=60) == preemption.EXIT_STOPPED_EARLY
+  steps = [int(name) for name in os.listdir(tmp_path / 'ft' / 'checkpoints')]
+  assert len(steps) == 1 and 2 <= steps[0] < 100000
