@@ -156,8 +156,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
               f'{config.train.steps}: nothing to train', flush=True)
       reader.close()
       return {'step': latest, 'finished': True}
-  if jax.process_index() == 0:
-    print(config, flush=True)
   # measures the CPU's matmul rate: before the mesh
   rates = throughput_rates(config, model_cfg, None if teacher is None else teacher.cfg)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
@@ -180,6 +178,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
     def evaluator(params):  # new held-out batches each time: the same ones
       return evaluate(eval_step, objective, params, *inputs.held_out(), batch_sharding)
 
+    if jax.process_index() == 0:  # the run's config, once every check has passed
+      print(config, flush=True)
     with lock_workdir(workdir, command):
       record_config(workdir, config)
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
