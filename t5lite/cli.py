@@ -303,7 +303,7 @@ def quiet_libraries() -> None:
   with open(os.devnull, 'w', encoding='utf-8') as devnull:
     os.dup2(devnull.fileno(), 2)
     try:
-      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+      from t5lite.data import tf_setup  # pylint: disable=import-outside-toplevel,unused-import
     except ImportError:
       pass
     finally:

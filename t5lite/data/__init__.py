@@ -1,24 +1,5 @@
 """Text -> tokens -> objective -> packed, resumable per-process batches of numpy arrays.
 
-TensorFlow runs the input pipeline only: importing this package hides every accelerator from it
-(JAX owns them) and bounds its op thread pools, before TF creates its runtime.
+Importing the package loads nothing: `vocabulary` needs SentencePiece alone, and the modules
+that run TensorFlow import it through `tf_setup`, which configures it first.
 """
-
-import os
-
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-
-def _hide_accelerators_from_tensorflow():
-  try:
-    for kind in ('GPU', 'TPU'):
-      tf.config.set_visible_devices([], kind)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-  except RuntimeError:  # TF was already initialized by someone else: leave it as it is
-    pass
-
-
-_hide_accelerators_from_tensorflow()

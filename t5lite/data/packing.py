@@ -8,9 +8,8 @@ layout. The feature converters name the rows' features as seqio's do: `encoder_d
 """
 
 import numpy as np
-import tensorflow as tf
-
-PAD_ID = 0
+from t5lite.data.tf_setup import tf
+from t5lite.token_ids import PAD_ID
 
 
 def pack(dataset: tf.data.Dataset, lengths: dict[str, int], window: int) -> tf.data.Dataset:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from absl import logging
 import numpy as np
-import tensorflow as tf
+from t5lite.data.tf_setup import tf
 
 from t5lite import paths
 

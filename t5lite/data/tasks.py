@@ -32,7 +32,7 @@ from typing import NamedTuple
 from absl import logging
 import ml_collections
 import numpy as np
-import tensorflow as tf
+from t5lite.data.tf_setup import tf
 
 from t5lite import paths
 from t5lite.data import packing

@@ -28,8 +28,8 @@ import sentencepiece as spm
 from t5lite import outputs
 from t5lite import paths
 from t5lite.data import sources
+from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 NUM_SENTINELS = 100
 SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'

@@ -22,7 +22,7 @@ class MetricWriter:
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
-    import tensorflow as tf  # TensorBoard's event writer; TF is already loaded by the input pipeline
+    from t5lite.data.tf_setup import tf  # TensorBoard's event writer, loaded by the pipeline
     self._tf = tf
     folder = paths.path(workdir)
     self._summary = tf.summary.create_file_writer(str(folder / 'tensorboard'))
