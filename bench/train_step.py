@@ -46,9 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
+from t5lite import objectives  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
-from t5lite.train import objectives  # noqa: E402
 from t5lite.train import optim  # noqa: E402
 from t5lite.train import state as state_lib  # noqa: E402
 from t5lite.train import step as step_lib  # noqa: E402
@@ -118,7 +118,7 @@ def t5lite_step(config, batch: dict):
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
     batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-    train_step = step_lib.jit_train_step(spec, mesh, objectives.lm(model_cfg, config.train),
+    train_step = step_lib.jit_train_step(spec, mesh, objectives.make_loss(config, model_cfg),
                                          config.train, optimizer, schedule)
     state = spec.init()
     device_batch = {k: jax.device_put(v, batch_sharding) for k, v in batch.items()}

@@ -5,7 +5,7 @@ Discriminator: 12 layers, d_model 256, 4 heads of 64, d_ff 1024, BERT's layers (
 learned positions, biases). Generator: the same depth and width with 1/4 of the heads and d_ff
 (the paper narrows its hidden size instead: see t5lite/models/electra.py); both share the token
 and position embeddings. 14.2M parameters with the bundled 8,192-id vocabulary (the paper: 14M
-with BERT's 30,522 and 128-wide embeddings projected to 256). Inputs are the `mlm` objective's:
+with BERT's 30,522 and 128-wide embeddings projected to 256). Inputs are masked as `mlm`'s:
 15% selected, 80% <extra_id_0> / 10% random / 10% kept (the paper keeps 15% and masks the rest),
 128 tokens. Loss: generator MLM + 50 x the discriminator's replaced-token cross entropy.
 Pretraining as the paper's Table 6: Adam, lr 5e-4, 10k warmup steps, weight decay 0.01,
@@ -31,7 +31,7 @@ def get_config():
       num_decoder_layers=0,
       max_length=512,
       generator_size=0.25)
-  config.data.update(objective='mlm', inputs_length=128, targets_length=0, batch_size=128,
+  config.data.update(objective='electra', inputs_length=128, targets_length=0, batch_size=128,
                      noise_density=0.15)
   config.train.update(steps=1_000_000)
   config.optim.update(name='adamw', schedule='cosine', learning_rate=5e-4, warmup_steps=10_000,

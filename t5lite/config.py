@@ -15,6 +15,7 @@ import traceback
 import ml_collections
 
 from t5lite import paths
+from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
 # T5 v1.0 (Raffel et al. 2020): ReLU FFN, tied and scaled lm head.
@@ -38,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
-  data.objective = 'span_corruption'  # span_corruption|mlm|mlm_nsp|causal_lm|prefix_lm|bart
+  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra (t5lite/objectives)
+  data.objective = 'span_corruption'
   # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
   # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
   # targets_length (inputs_length 0); prefix_lm: a decoder row of inputs_length + targets_length.
@@ -99,7 +101,9 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   unknown = sorted(set(config.model.keys()) - known)
   if unknown:
     raise ValueError(f'unknown model setting(s): {", ".join("model." + k for k in unknown)}')
-  return ModelConfig(**config.model.to_dict())
+  model_cfg = ModelConfig(**config.model.to_dict())
+  registry.check(model_cfg)
+  return model_cfg
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -240,4 +244,6 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         section[key] = value
   config = base_config()
   merge(config, saved)
+  if config.model.arch == 'electra' and config.data.objective == 'mlm':  # saved before 2026-11
+    config.data.objective = 'electra'
   return config

@@ -21,9 +21,9 @@ pipeline reads from that block's first record and skips `row` rows (at most one 
 replay). The trade-off: batches depend on the process count, documents are not shuffled beyond
 the dataset's own order, and positions are per process (`start` accepts the list of them).
 
-`data.objective` picks a row of OBJECTIVES: the raw length of a chunk, the objective's
-transform (t5lite/data/objectives.py) and the feature converter of its model family; both
-paths use the same row.
+`data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
+the transform that noises it, the packed rows' lengths and the feature converter; both paths
+use it alike, and every batch holds exactly the features it declares.
 
 TensorFlow never sees an accelerator (see `t5lite/data/__init__.py`); tf.data runs on
 `data.threads` threads per process.
@@ -34,14 +34,13 @@ import functools
 import itertools
 import os
 import weakref
-from typing import Callable, NamedTuple
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
+from t5lite.data.tf_setup import tf
 
 from t5lite import outputs
-from t5lite.data import objectives
+from t5lite import objectives
 from t5lite.data import packing
 from t5lite.data import sources
 from t5lite.data import vocabulary
@@ -104,7 +103,7 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
     import jax  # only to ask who we are; the pipeline itself never touches JAX
     process_index, process_count = jax.process_index(), jax.process_count()
   per_process = per_process_batch(data.batch_size, process_index, process_count)
-  objective = _objective(data)
+  objective = objectives.get(data.objective)
   raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   streamed = data.source.startswith(sources.TFDS_PREFIX)
@@ -118,10 +117,10 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
                                  position['batch'], objective.pairs)
     examples = objective.transform(examples, data, vocab)
     rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
-        functools.partial(packing.pad_rows, lengths=objective.lengths(data)),
+        functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   batches = rows.batch(per_process, drop_remainder=True)
-  return Pipeline(_model_features(batches, objective.features, data.get('threads', 0)), position)
+  return Pipeline(_model_features(batches, objective, data, per_process), position)
 
 
 def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
@@ -132,123 +131,6 @@ def per_process_batch(batch_size: int, process_index: int, process_count: int) -
     raise ValueError(f'data.batch_size={batch_size} must be a positive multiple of the '
                      f'{process_count} processes')
   return batch_size // process_count
-
-
-class Objective(NamedTuple):
-  """How one `data.objective` turns text into the features its model family reads."""
-  raw_length: Callable  # data -> raw tokens per chunk; ValueError if the lengths cannot work
-  lengths: Callable  # data -> {feature: length} of the packed rows
-  transform: Callable  # (examples, data, vocab) -> examples: the objective, from objectives.py
-  features: Callable  # packed row -> model features: a seqio feature converter (packing.py)
-  # Next-sentence pairs: each chunk comes with an 'other' chunk of random text, and every
-  # example fills its own row (never packed: the label and [CLS] are the row's)
-  pairs: bool = False
-
-
-def _span_corruption_raw_length(data: ml_collections.ConfigDict) -> int:
-  """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
-  _at_least(data, 'inputs_length', 2)  # a sentinel and EOS
-  raw_length, targets_length = objectives.random_spans_helper(
-      data.inputs_length, data.noise_density, data.mean_noise_span_length)
-  if data.targets_length < targets_length:
-    raise ValueError(f'data.targets_length={data.targets_length} is too short for span '
-                     f'corruption of {data.inputs_length} inputs: it needs {targets_length}')
-  return raw_length
-
-
-def _mlm_raw_length(data: ml_collections.ConfigDict) -> int:
-  """A chunk of inputs_length tokens, masked in place; the targets have the same length."""
-  _check_unused_length(data, 'targets_length')
-  return _at_least(data, 'inputs_length', 1)
-
-
-def _mlm_nsp_raw_length(data: ml_collections.ConfigDict) -> int:
-  """inputs_length less [CLS] and two [SEP]s, at least 2 (one token for each sentence)."""
-  _check_unused_length(data, 'targets_length')
-  return _at_least(data, 'inputs_length', 5) - 3
-
-
-def _causal_lm_raw_length(data: ml_collections.ConfigDict) -> int:
-  """A chunk of targets_length tokens: the decoder's whole row."""
-  _check_unused_length(data, 'inputs_length')
-  return _at_least(data, 'targets_length', 1)
-
-
-def _prefix_lm_raw_length(data: ml_collections.ConfigDict) -> int:
-  """A chunk of inputs_length + targets_length tokens, the decoder's row (as seqio's PrefixLM)."""
-  if data.inputs_length < 0 or data.targets_length < 0 or (
-      data.inputs_length + data.targets_length < 2):
-    raise ValueError(f'data.inputs_length={data.inputs_length} + data.targets_length='
-                     f'{data.targets_length}: prefix_lm needs a row of at least 2 tokens')
-  return data.inputs_length + data.targets_length
-
-
-def _bart_raw_length(data: ml_collections.ConfigDict) -> int:
-  """targets_length - 1 tokens (the original + EOS); the noised inputs are never longer."""
-  targets_length = _at_least(data, 'targets_length', 2)
-  if data.inputs_length < targets_length:
-    raise ValueError(f'data.inputs_length={data.inputs_length} is shorter than data.'
-                     f'targets_length={targets_length}: bart inputs can be as long as the targets')
-  return targets_length - 1
-
-
-def _check_unused_length(data: ml_collections.ConfigDict, name: str) -> None:
-  if data[name]:
-    raise ValueError(f'data.{name}={data[name]}: the {data.objective} objective has no such '
-                     f'feature; set data.{name}=0')
-
-
-def _at_least(data: ml_collections.ConfigDict, name: str, minimum: int) -> int:
-  if data[name] < minimum:
-    raise ValueError(f'data.{name}={data[name]} must be at least {minimum} for '
-                     f'{data.objective}')
-  return data[name]
-
-
-OBJECTIVES = {
-    'span_corruption': Objective(
-        _span_corruption_raw_length,
-        lambda data: {'inputs': data.inputs_length, 'targets': data.targets_length},
-        lambda examples, data, vocab: objectives.span_corruption(
-            examples, vocab.sentinel_id(0), data.noise_density, data.mean_noise_span_length),
-        packing.encoder_decoder_features),
-    'mlm': Objective(
-        _mlm_raw_length,
-        lambda data: {'inputs': data.inputs_length, 'targets': data.inputs_length},
-        lambda examples, data, vocab: objectives.mlm(
-            examples, vocab.sentinel_id(0), vocab.num_pieces, data.noise_density),
-        packing.encoder_features),
-    'mlm_nsp': Objective(
-        _mlm_nsp_raw_length,
-        lambda data: dict.fromkeys(('inputs', 'targets', 'token_types'), data.inputs_length),
-        lambda examples, data, vocab: objectives.mlm_nsp(
-            examples, vocab.sentinel_id(1), vocab.sentinel_id(2), vocab.sentinel_id(0),
-            vocab.num_pieces, vocab.sentence_end_ids(), data.noise_density),
-        packing.encoder_pair_features, pairs=True),
-    'causal_lm': Objective(
-        _causal_lm_raw_length,
-        lambda data: {'targets': data.targets_length},
-        lambda examples, data, vocab: objectives.causal_lm(examples),
-        packing.decoder_features),
-    'prefix_lm': Objective(
-        _prefix_lm_raw_length,
-        lambda data: dict.fromkeys(('targets', 'prefix'), data.inputs_length + data.targets_length),
-        lambda examples, data, vocab: objectives.prefix_lm(examples),
-        packing.prefix_lm_features),
-    'bart': Objective(
-        _bart_raw_length,
-        lambda data: {'inputs': data.inputs_length, 'targets': data.targets_length},
-        lambda examples, data, vocab: objectives.bart(
-            examples, vocab.sentinel_id(0), vocab.sentence_end_ids(), data.noise_density,
-            data.mean_noise_span_length),
-        packing.encoder_decoder_features),
-}
-
-
-def _objective(data: ml_collections.ConfigDict) -> Objective:
-  if data.objective not in OBJECTIVES:
-    raise ValueError(f'data.objective={data.objective!r} is not one of {", ".join(OBJECTIVES)}')
-  return OBJECTIVES[data.objective]
 
 
 def _start_position(start, process_index: int, process_count: int, streamed: bool) -> dict:
@@ -313,16 +195,22 @@ def _indexed_examples(tokens: np.ndarray, raw_length: int, data, per_process: in
                                                  chunks_per_epoch - 1)
     offset = tf.random.stateless_uniform([], offset_key, 0, slack + 1, dtype=tf.int64)
     begin = offset + chunk * raw_length
-    out = {'targets': tokens[begin:begin + raw_length],
-           'seed': tf.random.experimental.stateless_fold_in(example_key, i)}
-    if pairs:
-      out['other'] = _random_window(tokens, raw_length,
-                                    tf.random.experimental.stateless_fold_in(other_key, i))
-    return out
+    return _raw_example(tokens, begin, raw_length, (example_key, other_key), i, pairs)
 
   first = first_batch * per_process
   return tf.data.Dataset.range(first, _ENDLESS).map(
       example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _raw_example(tokens: tf.Tensor, begin, raw_length: int, keys, n, pairs: bool) -> dict:
+  """Raw chunk `n` of a stream, from `begin`: {'targets', 'seed'}, its seed folded from n into
+  keys[0]; with `pairs`, 'other': raw_length tokens from anywhere, placed by keys[1] and n."""
+  example = {'targets': tokens[begin:begin + raw_length],
+             'seed': tf.random.experimental.stateless_fold_in(keys[0], n)}
+  if pairs:
+    example['other'] = _random_window(tokens, raw_length,
+                                      tf.random.experimental.stateless_fold_in(keys[1], n))
+  return example
 
 
 def _random_window(tokens: tf.Tensor, length: int, seed) -> tf.Tensor:
@@ -332,7 +220,7 @@ def _random_window(tokens: tf.Tensor, length: int, seed) -> tf.Tensor:
   return tokens[begin:begin + length]
 
 
-def _streamed_rows(data, split: str, vocab, objective: Objective, raw_length: int,
+def _streamed_rows(data, split: str, vocab, objective: objectives.Objective, raw_length: int,
                    position: dict) -> tf.data.Dataset:
   """Packed rows of this process's share of a TFDS split, from `position` on, with their place.
 
@@ -362,12 +250,12 @@ def _streamed_rows(data, split: str, vocab, objective: Objective, raw_length: in
 
   encode_block = _block_encoder(vocab)
 
-  def tokenize(u, texts):
+  def tokenize(block_number, texts):
     if hash_split != 'all':
       keep = sources.in_validation(texts, data.validation_fraction) == (hash_split == 'validation')
       texts = tf.boolean_mask(texts, keep)
     tokens = tf.numpy_function(encode_block, [texts], tf.int32, stateful=False)
-    return u, tf.ensure_shape(tokens, [None])
+    return block_number, tf.ensure_shape(tokens, [None])
 
   blocks = blocks.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   blocks = _fail_on_endless_empty_blocks(blocks, blocks_per_epoch, data.source)
@@ -387,16 +275,16 @@ def _block_encoder(vocab):
 def _fail_on_endless_empty_blocks(blocks, blocks_per_epoch: int, source: str):
   """Stops a stream with no text anywhere (it would loop over empty epochs forever)."""
   def count(empty_run, block):
-    u, tokens = block
+    block_number, tokens = block
     empty_run = (empty_run + 1) * tf.cast(tf.size(tokens) == 0, tf.int64)
     check = tf.debugging.Assert(empty_run <= blocks_per_epoch,
                                 [f'{source}: no text in a whole epoch of this split'])
     with tf.control_dependencies([check]):
-      return empty_run, (tf.identity(u), tokens)
+      return empty_run, (tf.identity(block_number), tokens)
   return blocks.scan(tf.constant(0, tf.int64), count)
 
 
-def _block_rows(u, tokens, data, vocab, objective: Objective,
+def _block_rows(block_number, tokens, data, vocab, objective: objectives.Objective,
                 raw_length: int) -> tf.data.Dataset:
   """One block's tokens -> raw chunks (the last shorter) -> the objective -> packed rows.
 
@@ -404,31 +292,36 @@ def _block_rows(u, tokens, data, vocab, objective: Objective,
   """
   size = tf.size(tokens, tf.int64)
   num_chunks = size // raw_length if objective.pairs else (size + raw_length - 1) // raw_length
-  block_key = tf.random.experimental.stateless_fold_in(tf.constant([data.seed, 0], tf.int64), u)
-  other_key = tf.random.experimental.stateless_fold_in(tf.constant([data.seed, 1], tf.int64), u)
+  block_key, other_key = (
+      tf.random.experimental.stateless_fold_in(tf.constant([data.seed, k], tf.int64), block_number)
+      for k in (0, 1))
 
   def chunk(c):
-    begin = c * raw_length
-    example = {'targets': tokens[begin:begin + raw_length],
-               'seed': tf.random.experimental.stateless_fold_in(block_key, c)}
-    if objective.pairs:
-      example['other'] = _random_window(
-          tokens, raw_length, tf.random.experimental.stateless_fold_in(other_key, c))
-    return example
+    return _raw_example(tokens, c * raw_length, raw_length, (block_key, other_key), c,
+                        objective.pairs)
 
   examples = tf.data.Dataset.range(num_chunks).map(chunk)
   examples = objective.transform(examples, data, vocab)
-  lengths = objective.lengths(data)
+  lengths = objective.row_lengths(data)
   rows = (examples.map(functools.partial(packing.pad_rows, lengths=lengths)) if objective.pairs
           else packing.pack(examples, lengths, window=_PACK_WINDOW))
-  return rows.enumerate().map(lambda r, row: {**row, 'block': u, 'row': r})
+  return rows.enumerate().map(lambda r, row: {**row, 'block': block_number, 'row': r})
 
 
-def _model_features(batches: tf.data.Dataset, converter: Callable,
-                    threads: int) -> tf.data.Dataset:
-  """Packed batches -> the model's features, prefetched, on a bounded thread pool."""
+def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, data,
+                    rows: int) -> tf.data.Dataset:
+  """Packed batches -> the model's features, exactly those `objective.features` declares and in
+  its shapes, prefetched, on a bounded thread pool."""
+  declared = objective.features(data)
+
   def features(batch):
-    out = converter(batch)
+    out = objective.convert(batch)
+    if out.keys() != declared.keys():
+      raise AssertionError(f'{objective.name} makes features {sorted(out)}, and declares '
+                           f'{sorted(declared)}')
+    out = {name: tf.ensure_shape(value, [rows] + ([] if declared[name] is None
+                                                  else [declared[name]]))
+           for name, value in out.items()}
     out.update({k: batch[k] for k in _POSITION_FEATURES if k in batch})
     return out
 
@@ -436,6 +329,7 @@ def _model_features(batches: tf.data.Dataset, converter: Callable,
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_optimization.map_fusion = True  # chunk + corrupt in one step: 2x faster
+  threads = data.get('threads', 0)
   options.threading.private_threadpool_size = threads or max(1, (os.cpu_count() or 2) // 2)
   options.threading.max_intra_op_parallelism = 1
   return batches.prefetch(tf.data.AUTOTUNE).with_options(options)

@@ -1,12 +1,12 @@
 """Decoding with a KV cache: greedy, temperature sampling (top-k, top-p) and beam search.
 
-`decode(model, inputs, max_decode_length=..., method=...)` returns (b, max_decode_length) tokens
-for either family with a decoder:
-- encoder-decoder: inputs (b, m) are encoder tokens (EOS included, 0-padded); the decoder starts
-  from token 0, T5's start token;
-- decoder-only: inputs (b, n) are prompts, 0-padded on the right; each is moved behind the start
-  token 0 and left padding so that all rows end their prompt at the same cache position, and the
-  output is each prompt's continuation.
+`generate(model, inputs, max_decode_length=..., method=...)` returns (b, max_decode_length)
+tokens for a family that generates, where its `Family.prompt` says:
+- 'encoder' (encoder-decoder): inputs (b, m) are encoder tokens (EOS included, 0-padded); the
+  decoder starts from token 0, T5's start token;
+- 'decoder' (decoder-only): inputs (b, n) are prompts, 0-padded on the right; each is moved
+  behind the start token 0 and left padding so that all rows end their prompt at the same cache
+  position, and the output is each prompt's continuation.
 
 The algorithms do not know the model (T5X's `tokens_to_logits` interface): they take
 `step(tokens, index, cache) -> (logits, cache)`, the logits of the first token to choose and a
@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.transformer import decode_step
+from t5lite.models.registry import family
+from t5lite.models.transformer import next_token_logits
+from t5lite.token_ids import EOS_ID, PAD_ID
 
-PAD_ID, EOS_ID = 0, 1
 START_ID = 0  # the decoder's first input, as in training (shifted right)
 METHODS = ('greedy', 'sample', 'beam')
 
@@ -35,10 +36,10 @@ METHODS = ('greedy', 'sample', 'beam')
 Step = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def decode(model, inputs: jax.Array, *, max_decode_length: int, method: str = 'greedy',
-           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, beam_size: int = 4,
-           alpha: float = 0.6, rng: jax.Array | None = None) -> jax.Array:
-  """(b, max_decode_length) int32 tokens decoded from `inputs` (see the module docstring).
+def generate(model, inputs: jax.Array, *, max_decode_length: int, method: str = 'greedy',
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, beam_size: int = 4,
+             alpha: float = 0.6, rng: jax.Array | None = None) -> jax.Array:
+  """(b, max_decode_length) int32 tokens generated from `inputs` (see the module docstring).
 
   method: 'greedy'; 'sample' at `temperature` from the top_k most likely tokens (0: all) and
   then the top_p nucleus (1.0: all), drawing from `rng`; 'beam' keeps beam_size hypotheses
@@ -48,14 +49,14 @@ def decode(model, inputs: jax.Array, *, max_decode_length: int, method: str = 'g
                 temperature=temperature, top_k=top_k, top_p=top_p, beam_size=beam_size,
                 alpha=alpha)
   rng = jax.random.key(0) if rng is None else rng
-  return _decode(model, jnp.asarray(inputs, jnp.int32), rng, temperature, top_k, top_p, alpha,
-                 max_decode_length=max_decode_length, method=method, beam_size=beam_size)
+  return _generate(model, jnp.asarray(inputs, jnp.int32), rng, temperature, top_k, top_p, alpha,
+                   max_decode_length=max_decode_length, method=method, beam_size=beam_size)
 
 
 def check_options(cfg: ModelConfig, input_length: int, *, max_decode_length: int,
                   method: str = 'greedy', temperature: float = 1.0, top_k: int = 0,
                   top_p: float = 1.0, beam_size: int = 4, alpha: float = 0.6) -> None:
-  """Raises ValueError with one line for settings `decode` cannot work with."""
+  """Raises ValueError with one line for settings `generate` cannot work with."""
   if method not in METHODS:
     raise ValueError(f'decoding method {method!r} is not one of {", ".join(METHODS)}')
   checks = [(max_decode_length >= 1, f'max_decode_length must be >= 1, got {max_decode_length}'),
@@ -67,18 +68,19 @@ def check_options(cfg: ModelConfig, input_length: int, *, max_decode_length: int
   for ok, message in checks:
     if not ok:
       raise ValueError(message)
-  if cfg.arch not in ('encoder_decoder', 'decoder'):
+  prompt = family(cfg.arch).prompt
+  if prompt is None:
     raise ValueError(f'decoding needs a decoder; model.arch={cfg.arch!r} has none')
-  length = max_decode_length + 1 + (input_length if cfg.arch == 'decoder' else 0)
+  length = max_decode_length + 1 + (input_length if prompt == 'decoder' else 0)
   if cfg.position == 'learned' and length > cfg.max_length:
     raise ValueError(f'decoding {length} positions (prompt, start token and max_decode_length) '
                      f'exceeds model.max_length={cfg.max_length} of the learned position table')
 
 
 @functools.partial(nnx.jit, static_argnames=('max_decode_length', 'method', 'beam_size'))
-def _decode(model, inputs, rng, temperature, top_k, top_p, alpha, *, max_decode_length, method,
-            beam_size):
-  """`decode`, compiled once per method, length and beam size (the rest are traced)."""
+def _generate(model, inputs, rng, temperature, top_k, top_p, alpha, *, max_decode_length, method,
+              beam_size):
+  """`generate`, compiled once per method, length and beam size (the others are traced)."""
   step = cached_step(model)
   logits, cache, index = prefill(model, inputs, max_decode_length)
   if method == 'greedy':
@@ -96,7 +98,7 @@ def cached_step(model) -> Step:
   graphdef, state = nnx.split(model)
 
   def step(tokens, index, cache):
-    return decode_step(nnx.merge(graphdef, state, copy=True), tokens, index, cache)
+    return next_token_logits(nnx.merge(graphdef, state, copy=True), tokens, index, cache)
 
   return step
 
@@ -120,18 +122,18 @@ def prefill(model, inputs: jax.Array, max_decode_length: int) -> tuple[jax.Array
   Returns the logits of the first token to choose (b, vocab), the filled cache and the cache
   position where the first decoded token goes.
   """
-  if model.cfg.arch == 'encoder_decoder':
+  if family(model.cfg.arch).prompt == 'encoder':
     tokens = jnp.full((inputs.shape[0], 1), START_ID, jnp.int32)
     cache = model.init_cache(inputs, 1 + max_decode_length)
   else:
     tokens, start = prompt_tokens(inputs)
     cache = model.init_cache(start, tokens.shape[1] + max_decode_length)
-  logits, cache = decode_step(model, tokens, 0, cache)
+  logits, cache = next_token_logits(model, tokens, 0, cache)
   return logits, cache, tokens.shape[1]
 
 
-def _generate(choose: Callable[[jax.Array, jax.Array], jax.Array], step: Step,
-              logits: jax.Array, cache, index: int, max_decode_length: int) -> jax.Array:
+def _token_loop(choose: Callable[[jax.Array, jax.Array], jax.Array], step: Step,
+                logits: jax.Array, cache, index: int, max_decode_length: int) -> jax.Array:
   """One token per row and step, `choose(logits, i)`, until every row has emitted EOS."""
   batch_size = logits.shape[0]
 
@@ -154,8 +156,8 @@ def _generate(choose: Callable[[jax.Array, jax.Array], jax.Array], step: Step,
 def greedy(step: Step, logits: jax.Array, cache, index: int, max_decode_length: int
            ) -> jax.Array:
   """The most likely token at every step: (b, max_decode_length) tokens."""
-  return _generate(lambda logits, i: jnp.argmax(logits, axis=-1), step, logits, cache, index,
-                   max_decode_length)
+  return _token_loop(lambda logits, i: jnp.argmax(logits, axis=-1), step, logits, cache, index,
+                     max_decode_length)
 
 
 def filter_logits(logits: jax.Array, top_k: int | jax.Array = 0,
@@ -186,7 +188,7 @@ def sample(step: Step, logits: jax.Array, cache, index: int, max_decode_length: 
     logits = filter_logits(logits / temperature, top_k, top_p)
     return jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
 
-  return _generate(choose, step, logits, cache, index, max_decode_length)
+  return _token_loop(choose, step, logits, cache, index, max_decode_length)
 
 
 def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:

@@ -13,18 +13,27 @@ FLOPs, and the residual stream stays full width.
 
   model(batch)                   # (b, l) float32 logits of "this encoder input token was replaced"
   model.generator_logits(batch)  # (b, l, vocab) float32 MLM logits
+
+It exports its discriminator to Hugging Face (ElectraForPreTraining), the model ELECTRA pretrains
+for; the generator stays behind. ELECTRA has no token types: HF's table is written as zeros, so
+its default type 0 adds nothing.
 """
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from t5lite.models import architecture, hf_mapping
+from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
+from t5lite.models.hf_mapping import HfModel, Row
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, constrain
-from t5lite.models.transformer import Features, Stack, _shared_parts, output_logits
+from t5lite.models.transformer import Features, Stack, output_logits, shared_parts
 
 
 def generator_config(cfg: ModelConfig) -> ModelConfig:
@@ -40,7 +49,7 @@ class Electra(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg, self.generator_cfg = cfg, generator_config(cfg)
-    self.embed, _, self.rngs = _shared_parts(self.generator_cfg, rngs)  # tied: no lm head
+    self.embed, _, self.rngs = shared_parts(self.generator_cfg, rngs)  # tied: no lm head
     self.generator = Stack(self.generator_cfg, cfg.num_encoder_layers, causal=False,
                            cross_attention=False, rngs=rngs)
     self.discriminator = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
@@ -77,3 +86,46 @@ class Electra(nnx.Module):
                rngs: nnx.Rngs | None = None) -> jax.Array:
     return self.discriminator_logits(Features.from_batch(batch, 'encoder'),
                                      deterministic=deterministic, rngs=rngs)
+
+
+def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
+  """Both stacks over the inputs; the generator's MLM logits, and the discriminator's 2-layer
+  head (d -> d, then d -> 1) at every position."""
+  del targets_length  # the targets are the inputs' positions
+  return Shapes(tuple(StackShape(c, cfg.num_encoder_layers, inputs_length, causal=False)
+                      for c in (cfg, generator_config(cfg))),
+                logits_length=inputs_length,
+                head_flops=2 * inputs_length * cfg.d_model * (cfg.d_model + 1))
+
+
+def check(cfg: ModelConfig) -> None:
+  architecture.require_layers(cfg, 'num_encoder_layers')
+  architecture.refuse_next_sentence(cfg)
+
+
+def hf_check(cfg: ModelConfig) -> None:
+  hf_mapping.check_bert_layers(cfg, 'ELECTRA')
+
+
+def hf_table(cfg: ModelConfig) -> list[Row]:
+  """The discriminator's stack (and the shared embeddings it reads) and head."""
+  return (hf_mapping.bert_stack_table(cfg, 'discriminator', 'electra')
+          + hf_mapping.linear(('discriminator_dense',), 'discriminator_predictions.dense')
+          + hf_mapping.linear(('discriminator_output',),
+                              'discriminator_predictions.dense_prediction'))
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  return {'embedding_size': cfg.d_model, **hf_mapping.bert_config(cfg)}
+
+
+def hf_zero_token_types(cfg: ModelConfig) -> dict[str, np.ndarray]:
+  return {'electra.embeddings.token_type_embeddings.weight': np.zeros(
+      (hf_mapping.TYPE_VOCAB_SIZE, cfg.d_model), np.float32)}
+
+
+FAMILY = Family(
+    arch='electra', model=Electra, sides=('encoder',), objective='electra',
+    stacks=('generator', 'discriminator'), shapes=shapes, check=check, prompt=None,
+    hf=HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check, config=hf_config,
+               table=hf_table, extra=hf_zero_token_types))

@@ -3,7 +3,7 @@
 `get_params(model)` gives the nested dict of arrays that checkpoints and the Hugging Face export
 exchange (`{'encoder': {'layers': {0: {'self_attention': {'q': {'kernel': ...}}}}}}`); with
 `scan_layers` the per-layer dicts become one dict whose arrays have a leading 'layers' axis
-(`stack_layers` / `unstack_layers` convert).
+(`stack_layers` / `unstack_layers` convert, for every layer stack a registered family names).
 """
 
 from collections.abc import Mapping
@@ -13,6 +13,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
+
+from t5lite.models import registry
 
 Params = dict[str, Any]
 
@@ -65,7 +67,7 @@ def flatten(tree: Mapping[Any, Any], prefix: tuple = ()):
 def unstack_layers(params: Mapping[str, Any]) -> Params:
   """Scanned layout -> unrolled: stack['layers'][name] (n, ...) -> stack['layers'][i][name]."""
   out = dict(params)
-  for stack in ('encoder', 'decoder'):
+  for stack in registry.stack_names():
     if stack in out:
       layers = out[stack]['layers']
       num_layers = jax.tree.leaves(layers)[0].shape[0]
@@ -77,7 +79,7 @@ def unstack_layers(params: Mapping[str, Any]) -> Params:
 def stack_layers(params: Mapping[str, Any]) -> Params:
   """Unrolled layout -> scanned: stack['layers'][i][name] -> stack['layers'][name] (n, ...)."""
   out = dict(params)
-  for stack in ('encoder', 'decoder'):
+  for stack in registry.stack_names():
     if stack in out:
       layers = out[stack]['layers']
       ordered = [layers[i] for i in sorted(layers)]

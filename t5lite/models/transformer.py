@@ -1,6 +1,7 @@
-"""The three model families: encoder-decoder (T5, Vaswani), encoder-only (BERT), decoder-only (GPT).
+"""What every model family is built from: batch features, the layer stack, shared embeddings, heads.
 
-All are built from one `ModelConfig` and share one call: `logits = model(batch,
+The families (encoder_decoder.py, encoder.py, decoder.py, electra.py) are built from one
+`ModelConfig`; the language models among them share one call: `logits = model(batch,
 deterministic=True)`, where `batch` holds int32 arrays named as seqio's feature converters name
 them (`encoder_input_tokens`, `decoder_input_tokens`, and for packed data `*_segment_ids`,
 `*_positions`). Logits are float32 (batch, length, vocab_size); the call is
@@ -13,7 +14,8 @@ Masks: encoder keys that are padding (token 0) are hidden from every query, in s
 cross-attention. Decoders use causal masking alone: with right padding it already hides every pad
 from every real token, and `decoder_input_tokens` starts with the pad id (T5's start token), so a
 mask from it would hide the start token. With segment ids, attention stays inside one segment.
-A prefix LM's `decoder_causal_attention` (seqio's) makes attention bidirectional over its prefix.
+A prefix LM's `decoder_causal_attention` (seqio's; `Features.bidirectional`) makes attention
+bidirectional over its prefix.
 """
 
 from collections.abc import Mapping
@@ -41,7 +43,8 @@ class Features(NamedTuple):
   tokens: jax.Array  # (b, l) int32, 0 is padding
   segment_ids: jax.Array | None = None  # (b, l) packed example index, 0 on padding
   positions: jax.Array | None = None  # (b, l) position within the packed example
-  causal_attention: jax.Array | None = None  # (b, l) prefix LM: 1 where attention is bidirectional
+  # (b, l) prefix LM: 1 where attention is bidirectional (seqio's `*_causal_attention` feature)
+  bidirectional: jax.Array | None = None
   token_types: jax.Array | None = None  # (b, l) BERT's segment A (0) or B (1), next_sentence only
 
   @classmethod
@@ -78,7 +81,8 @@ class LayerCache(NamedTuple):
 
 
 class DecodeCache(NamedTuple):
-  """What a decoding step reads besides its new tokens; `decode_step` takes it and returns it.
+  """What a decoding step reads besides its new tokens; `Stack.apply_with_cache` takes it and
+  returns it.
 
   A plain pytree passed in and returned, not mutable variables inside the modules (Flax's
   `nnx.Cache`, linen's 'cache' collection): the model stays a pure function of (params, tokens,
@@ -204,7 +208,7 @@ class Stack(nnx.Module):
         mask=attention_mask(length, None if self.causal else features.tokens > 0,
                             query_segment_ids=features.segment_ids,
                             key_segment_ids=features.segment_ids, causal=self.causal,
-                            prefix=features.causal_attention),
+                            prefix=features.bidirectional),
         bias=self.relative_bias(length, length) if self.cfg.position == 't5_relative' else None,
         positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
     if encoded is not None:
@@ -218,8 +222,8 @@ class Stack(nnx.Module):
       x = self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)
     return x
 
-  def decode_step(self, x: jax.Array, index: jax.Array, cache: DecodeCache
-                  ) -> tuple[jax.Array, DecodeCache]:
+  def apply_with_cache(self, x: jax.Array, index: jax.Array, cache: DecodeCache
+                       ) -> tuple[jax.Array, DecodeCache]:
     """x (b, l, d): embedded tokens at cache positions index, ..., index + l - 1 -> (b, l, d)
     and the cache holding their keys and values. The bias and positions are those of the full
     forward pass at these positions, so decoding step by step computes what it computes."""
@@ -314,7 +318,7 @@ def output_logits(cfg: ModelConfig, embed: Embed, lm_head: Dense | None, x: jax.
   return constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
 
-def _shared_parts(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Embed, Dense | None, nnx.Rngs]:
+def shared_parts(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Embed, Dense | None, nnx.Rngs]:
   """The token embedding, the untied lm head (or None) and the dropout RNG stream."""
   embed = Embed(cfg.vocab_size, cfg.d_model, ('vocab', 'embed'), std=1.0, cfg=cfg, rngs=rngs)
   lm_head = None if cfg.tie_embeddings else Dense(
@@ -324,7 +328,7 @@ def _shared_parts(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Embed, Dense | None
 
 
 class LanguageModel(nnx.Module):
-  """The call the three families share, `logits = model(batch)`, split at the final hidden states
+  """The call the language models share, `logits = model(batch)`, split at the final hidden states
   (each family's `hidden_states`) so that a loss can project them chunk by chunk with `lm_logits`
   (`train.loss_chunks`) instead of holding every (b, l, vocab) logit at once."""
 
@@ -337,121 +341,10 @@ class LanguageModel(nnx.Module):
     return self.lm_logits(self.hidden_states(batch, deterministic=deterministic, rngs=rngs))
 
 
-class EncoderDecoder(LanguageModel):
-  """T5 (and Vaswani et al., BART): a bidirectional encoder read by a causal decoder."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    # one embedding table for both stacks (and the tied lm head)
-    self.embed, self.lm_head, self.rngs = _shared_parts(cfg, rngs)
-    self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
-                         rngs=rngs)
-    self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=True,
-                         rngs=rngs)
-
-  def encode(self, encoder: Features, *, deterministic: bool = True,
-             rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Encoder tokens -> (b, m, d) encoded states."""
-    return self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic,
-                        rngs=self.rngs if rngs is None else rngs)
-
-  def decode(self, encoded: jax.Array, encoder: Features, decoder: Features, *,
-             deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Decoder input tokens (shifted right) attending to `encoded` -> (b, l, vocab) logits."""
-    return self.lm_logits(self.decode_hidden(encoded, encoder, decoder,
-                                             deterministic=deterministic, rngs=rngs))
-
-  def decode_hidden(self, encoded: jax.Array, encoder: Features, decoder: Features, *,
-                    deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """As `decode`, up to the decoder's final (b, l, d) hidden states."""
-    return self.decoder(self.embed(decoder.tokens), decoder, encoded=encoded, encoder=encoder,
-                        deterministic=deterministic, rngs=self.rngs if rngs is None else rngs)
-
-  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-                    rngs: nnx.Rngs | None = None) -> jax.Array:
-    """The batch -> the decoder's final (b, l, d) hidden states."""
-    encoder = Features.from_batch(batch, 'encoder')
-    encoded = self.encode(encoder, deterministic=deterministic, rngs=rngs)
-    return self.decode_hidden(encoded, encoder, Features.from_batch(batch, 'decoder'),
-                              deterministic=deterministic, rngs=rngs)
-
-  def init_cache(self, encoder_tokens: jax.Array, length: int) -> DecodeCache:
-    """A cache for decoding `length` tokens (start token included) from encoder_tokens (b, m),
-    which are encoded once here into the cross-attention keys and values."""
-    encoded = self.encode(Features(encoder_tokens))
-    batch_size = encoder_tokens.shape[0]
-    return DecodeCache(self.decoder.init_layer_caches(batch_size, length, encoded),
-                       start=jnp.zeros((batch_size,), jnp.int32),
-                       encoder_valid=encoder_tokens > 0)
-
-
-class EncoderOnly(LanguageModel):
-  """BERT-like: a bidirectional stack with per-token vocabulary logits (the MLM head), and with
-  `next_sentence` BERT's pooler and next-sentence classifier over the first ([CLS]) token."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embed, self.lm_head, self.rngs = _shared_parts(cfg, rngs)
-    self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
-                         rngs=rngs)
-    if cfg.next_sentence:
-      self.pooler = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=cfg.d_model**-0.5,
-                          cfg=cfg, rngs=rngs)
-      self.next_sentence_head = Dense((cfg.d_model,), (2,), ('mlp', None),
-                                      std=cfg.d_model**-0.5, cfg=cfg, rngs=rngs)
-
-  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-                    rngs: nnx.Rngs | None = None) -> jax.Array:
-    """The batch's encoder tokens -> (b, l, d) hidden states, read by both heads."""
-    encoder = Features.from_batch(batch, 'encoder')
-    return self.encoder(self.embed(encoder.tokens), encoder, deterministic=deterministic,
-                        rngs=self.rngs if rngs is None else rngs)
-
-  def next_sentence_logits(self, x: jax.Array) -> jax.Array:
-    """(b, l, d) hidden states -> (b, 2) float32 logits of (is next, is random) from [CLS]."""
-    pooled = jnp.tanh(self.pooler(x[:, 0]))  # (b, d)
-    return self.next_sentence_head(pooled).astype(jnp.float32)
-
-
-class DecoderOnly(LanguageModel):
-  """GPT-like: one causal stack over `decoder_input_tokens`."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embed, self.lm_head, self.rngs = _shared_parts(cfg, rngs)
-    self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=False,
-                         rngs=rngs)
-
-  def hidden_states(self, batch: Mapping[str, jax.Array], *, deterministic: bool = True,
-                    rngs: nnx.Rngs | None = None) -> jax.Array:
-    """The batch -> the decoder's final (b, l, d) hidden states."""
-    decoder = Features.from_batch(batch, 'decoder')
-    return self.decoder(self.embed(decoder.tokens), decoder, deterministic=deterministic,
-                        rngs=self.rngs if rngs is None else rngs)
-
-  def init_cache(self, start: jax.Array, length: int) -> DecodeCache:
-    """A cache for decoding `length` tokens, prompts included; start (b,) is the position of each
-    row's start token, after the left padding of its prompt."""
-    return DecodeCache(self.decoder.init_layer_caches(start.shape[0], length), start=start)
-
-
-def decode_step(model: EncoderDecoder | DecoderOnly, tokens: jax.Array, index: jax.Array,
-                cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
-  """tokens (b, l) at cache positions index, ..., index + l - 1 -> float32 logits (b, vocab)
-  for the token after the last one, and the cache with their keys and values written."""
-  x, cache = model.decoder.decode_step(model.embed(tokens), index, cache)
-  return output_logits(model.cfg, model.embed, model.lm_head, x[:, -1:])[:, 0], cache
-
-
-MODELS = {'encoder_decoder': EncoderDecoder, 'encoder': EncoderOnly, 'decoder': DecoderOnly}
-
-
-def build(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-  """The model `cfg.arch` names, initialized from `rngs.params`; `nnx.eval_shape` it for shapes."""
-  if cfg.attention == 'cudnn' and jax.default_backend() != 'gpu':
-    raise ValueError(f"model.attention='cudnn' needs a GPU (backend is {jax.default_backend()}); "
-                     "use 'xla' or 'einsum'")
-  if cfg.arch == 'electra':
-    from t5lite.models.electra import Electra  # two of this module's stacks: imported late
-    return Electra(cfg, rngs=rngs)
-  return MODELS[cfg.arch](cfg, rngs=rngs)
+def next_token_logits(model: LanguageModel, tokens: jax.Array, index: jax.Array,
+                      cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
+  """tokens (b, l) at cache positions index, ..., index + l - 1 through `model.decoder` ->
+  float32 logits (b, vocab) of the token after the last one, and the cache with their keys and
+  values written."""
+  x, cache = model.decoder.apply_with_cache(model.embed(tokens), index, cache)
+  return model.lm_logits(x[:, -1:])[:, 0], cache

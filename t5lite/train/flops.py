@@ -1,4 +1,4 @@
-"""Analytic FLOP counts per architecture, device peaks, and model FLOP utilisation (MFU).
+"""Analytic FLOP counts of a model's training step, and device peaks: what MFU is computed from.
 
 Counts are matmul FLOPs (2 per multiply-accumulate), the convention of PaLM's and MaxText's MFU:
 norms, softmax, activations, position biases and the embedding lookup are left out. Causal
@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from t5lite.models import electra
+from t5lite.models import family
 from t5lite.models.config import ModelConfig
 
 
@@ -39,30 +39,17 @@ def lm_head_flops(cfg: ModelConfig, length: int) -> float:
 
 
 def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int) -> float:
-  """Forward FLOPs for one example of the given lengths.
-
-  encoder_decoder: encoder over the inputs, decoder (causal self-attention, cross-attention to
-  all inputs) and lm head over the targets. encoder, and electra's two stacks: everything over
-  the inputs (targets_length unused). decoder: everything over inputs + targets, the prefix-LM
-  concatenation; pass inputs_length=0 for a plain language model.
-  """
-  encoder_layer = attention_flops(cfg, inputs_length, inputs_length, causal=False)
-  encoder_layer += ffn_flops(cfg, inputs_length)
-  if cfg.arch == 'encoder':
-    return cfg.num_encoder_layers * encoder_layer + lm_head_flops(cfg, inputs_length)
-  if cfg.arch == 'electra':  # the discriminator and its 2-layer head, the generator (MLM)
-    head = 2 * inputs_length * cfg.d_model * (cfg.d_model + 1)
-    return (cfg.num_encoder_layers * encoder_layer + head
-            + flops_per_example(electra.generator_config(cfg), inputs_length, targets_length))
-  if cfg.arch == 'decoder':
-    length = inputs_length + targets_length
-    decoder_layer = attention_flops(cfg, length, length, causal=True) + ffn_flops(cfg, length)
-    return cfg.num_decoder_layers * decoder_layer + lm_head_flops(cfg, length)
-  decoder_layer = (attention_flops(cfg, targets_length, targets_length, causal=True)
-                   + attention_flops(cfg, targets_length, inputs_length, causal=False)
-                   + ffn_flops(cfg, targets_length))
-  return (cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer
-          + lm_head_flops(cfg, targets_length))
+  """Forward FLOPs for one example of the given lengths: what its family's `shapes` says it runs
+  through (models/architecture.py), each stack's layers, the lm head and any other heads."""
+  shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
+  total = shapes.head_flops + lm_head_flops(cfg, shapes.logits_length)
+  for stack in shapes.stacks:
+    layer = (attention_flops(stack.cfg, stack.length, stack.length, causal=stack.causal)
+             + ffn_flops(stack.cfg, stack.length))
+    if stack.cross_length is not None:
+      layer += attention_flops(stack.cfg, stack.length, stack.cross_length, causal=False)
+    total += stack.layers * layer
+  return total
 
 
 def train_flops_per_step(cfg: ModelConfig, inputs_length: int, targets_length: int, *,
@@ -125,9 +112,3 @@ def peak_flops_per_device(device: jax.Device | None = None) -> tuple[float, str]
     rate /= len(jax.local_devices(backend='cpu'))
   return rate, f'measured {device.device_kind}'
 
-
-def mfu(flops_per_step: float, step_time: float, devices=None) -> float:
-  """Model FLOP utilisation: achieved FLOP/s over the peak of all `devices` (default: all)."""
-  devices = jax.devices() if devices is None else devices
-  peak, _ = peak_flops_per_device(devices[0])
-  return flops_per_step / (step_time * len(devices) * peak)

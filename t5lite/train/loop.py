@@ -17,22 +17,24 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from t5lite import config as config_lib
+from t5lite import objectives
 from t5lite import outputs
 from t5lite import paths
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
 from t5lite.models.config import ModelConfig
+from t5lite.objectives import distillation
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
 from t5lite.train import lock as lock_lib
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import preemption
 from t5lite.train import state as state_lib
@@ -81,15 +83,15 @@ def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
           for name, value in local_batch.items()}
 
 
-def evaluate(eval_step, objective, params, batches, num_batches: int, sharding) -> dict:
+def evaluate(eval_step, loss, params, batches, num_batches: int, sharding) -> dict:
   """Held-out loss and accuracy over `num_batches` (validation pipelines repeat), summed first."""
   if num_batches < 1:
     raise ValueError(f'evaluation needs at least one batch, got {num_batches}')
   totals = None
   for _ in range(num_batches):
-    sums = eval_step(params, global_batch(next(batches), sharding), objective.frozen)
+    sums = eval_step(params, global_batch(next(batches), sharding), loss.frozen_params)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return {f'eval_{k}': float(v) for k, v in objective.metrics(jax.device_get(totals)).items()}
+  return {f'eval_{k}': float(v) for k, v in loss.metrics(jax.device_get(totals)).items()}
 
 
 def setup(config: ml_collections.ConfigDict):
@@ -100,6 +102,7 @@ def setup(config: ml_collections.ConfigDict):
   if vocab_size > model_cfg.vocab_size:
     raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
                      f'{vocab_size} ids of data.vocabulary={config.data.vocabulary!r}')
+  objectives.for_run(config, model_cfg)
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh,
                               microbatches=config.train.microbatches)
@@ -144,7 +147,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   inputs = inputs or pretraining_inputs(config)
   model_cfg, mesh, rules, optimizer, schedule = setup(config)
   check_place(workdir, config)
-  teacher = (objectives.load_teacher(config, model_cfg, mesh, rules)
+  teacher = (load_teacher(config, model_cfg, mesh, rules)
              if config.train.teacher_workdir else None)
   reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
   latest = reader.latest_step()
@@ -171,12 +174,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
     reader.close()
     batch_sharding = mesh_lib.batch_sharding(mesh)
     batches = checked_batches(config, inputs, data_start, batch_sharding)
-    objective = objectives.make(config, model_cfg, teacher, exact_match=inputs.exact_match)
-    train_step = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
-    eval_step = step_lib.jit_eval_step(spec, mesh, objective)
+    loss = objectives.make_loss(config, model_cfg, teacher, exact_match=inputs.exact_match)
+    train_step = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer, schedule)
+    eval_step = step_lib.jit_eval_step(spec, mesh, loss)
 
     def evaluator(params):  # new held-out batches each time: the same ones
-      return evaluate(eval_step, objective, params, *inputs.held_out(), batch_sharding)
+      return evaluate(eval_step, loss, params, *inputs.held_out(), batch_sharding)
 
     if jax.process_index() == 0:  # the run's config, once every check has passed
       print(config, flush=True)
@@ -185,12 +188,34 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-                         rates, keep_best, objective.frozen)
+                         rates, keep_best, loss.frozen_params)
       finally:
         checkpointer.wait()
         checkpointer.close()
         if keep_best:
           keep_best.close()  # its last save too is written under the lock
+
+
+def load_teacher(config: ml_collections.ConfigDict, model_cfg: ModelConfig, mesh, rules, *,
+                 restore: bool = True) -> distillation.Teacher:
+  """The latest parameters of `train.teacher_workdir`, read-only, placed on `mesh` by the run's
+  rules; restore=False gives their shapes and shardings alone (`t5lite plan`). Checks first that
+  the teacher can teach this student, with one line if not."""
+  checkpointer = checkpoint_lib.Checkpointer(config.train.teacher_workdir, config.checkpoint,
+                                             read_only=True)
+  try:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise FileNotFoundError(f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
+    saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
+    teacher_cfg = config_lib.model_config(saved)
+    distillation.check_teacher(teacher_cfg, saved.data.vocabulary, model_cfg, config)
+    spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, mesh, rules)
+    params = (checkpointer.restore_params(step, spec.abstract.params) if restore
+              else spec.abstract.params)
+  finally:
+    checkpointer.close()
+  return distillation.Teacher(teacher_cfg, spec.graphdef, spec.rest, params)
 
 
 def check_place(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -248,13 +273,13 @@ def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]
 
 
 def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer, rates,
-              keep_best=None, frozen=None) -> dict:
+              keep_best=None, frozen_params=None) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
 
   `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved),
   `evaluator(params)` returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given,
   sees the state and metrics after each evaluation (fine-tuning keeps its best checkpoint there).
-  `frozen` goes to every step (see step.py).
+  `frozen_params` go to every step (see step.py).
   """
   train_cfg = config.train
   start = int(state.step)
@@ -265,11 +290,11 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
   pending, last, step = [], {}, start
   try:
     compile_start = time.perf_counter()
-    train_step = train_step.lower(state, batches.peek(), frozen).compile()
+    train_step = train_step.lower(state, batches.peek(), frozen_params).compile()
     writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
     tic = time.perf_counter()
     while step < train_cfg.steps:
-      state, metrics = train_step(state, next(batches), frozen)
+      state, metrics = train_step(state, next(batches), frozen_params)
       step += 1
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)

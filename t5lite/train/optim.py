@@ -40,8 +40,7 @@ def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
   raise ValueError(f'optim.schedule={name!r} is not one of {", ".join(SCHEDULES)}')
 
 
-def adamw_scaled(learning_rate, weight_decay: float = 0.0,
-                 weight_decay_mask=None) -> optax.GradientTransformation:
+def adamw_scaled(learning_rate, weight_decay: float = 0.0) -> optax.GradientTransformation:
   """nanoT5's AdamWScale: the Adam step times max(1e-3, RMS(param)), as Adafactor scales its step.
 
   Makes the step relative to each tensor's size, which lets T5 train with Adafactor-like learning
@@ -52,7 +51,7 @@ def adamw_scaled(learning_rate, weight_decay: float = 0.0,
   return optax.chain(
       optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6),
       optax.scale_by_param_block_rms(min_scale=1e-3),
-      optax.add_decayed_weights(weight_decay, weight_decay_mask),
+      optax.add_decayed_weights(weight_decay),
       optax.scale_by_learning_rate(learning_rate))
 
 
@@ -116,12 +115,11 @@ def factor_like_t5(adafactor: optax.GradientTransformation, logical_axes,
   return optax.GradientTransformationExtraArgs(lambda params: inner.init(views(params)), update)
 
 
-def make_optimizer(optim_cfg, total_steps: int, weight_decay_mask=None,
+def make_optimizer(optim_cfg, total_steps: int,
                    logical_axes=None) -> optax.GradientTransformation:
   """The optimizer named by `optim.name`, on `make_schedule`, after global-norm clipping.
 
-  `weight_decay_mask` (a pytree of bools like the params, or a function of them) limits weight
-  decay to some parameters; nanoT5 exempts norms and biases. None decays every parameter.
+  Weight decay applies to every parameter, norms and biases too (nanoT5 exempts those).
   Adafactor's weight decay is not scaled by the learning rate (T5X's default); AdamW's is.
   `logical_axes` (a PartitionSpec of logical names per parameter, e.g. `state.param_axes`) lets
   Adafactor factor attention kernels as T5 does (`factor_like_t5`); None factors each tensor as
@@ -137,14 +135,13 @@ def make_optimizer(optim_cfg, total_steps: int, weight_decay_mask=None,
     tx = optax.adafactor(
         schedule, min_dim_size_to_factor=min_dim, decay_rate=0.8, multiply_by_parameter_scale=True,
         clipping_threshold=1.0, momentum=None, eps=1e-30,
-        weight_decay_rate=weight_decay or None, weight_decay_mask=weight_decay_mask)
+        weight_decay_rate=weight_decay or None)
     if logical_axes is not None:
       tx = factor_like_t5(tx, logical_axes, min_dim)
   elif name == 'adamw':
-    tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay,
-                     mask=weight_decay_mask)
+    tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
   elif name == 'adamw_scaled':
-    tx = adamw_scaled(schedule, weight_decay, weight_decay_mask)
+    tx = adamw_scaled(schedule, weight_decay)
   else:
     raise ValueError(f'optim.name={name!r} is not one of {", ".join(OPTIMIZERS)}')
   clip = float(optim_cfg.clip_grad_norm)

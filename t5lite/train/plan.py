@@ -29,11 +29,12 @@ from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType
 
 from t5lite import config as config_lib
-from t5lite.models import electra
+from t5lite import objectives
+from t5lite.models import family
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
+from t5lite.train import loop
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
@@ -149,21 +150,12 @@ def plan_mesh(mesh_cfg, topology: Topology, devices):
   return AbstractMesh(shape, mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
 
 
-def abstract_batch(model_cfg: ModelConfig, data_cfg, sharding) -> dict:
-  """ShapeDtypeStructs of one global batch as the pipeline feeds it (seqio's feature names)."""
-  inputs, targets = data_cfg.inputs_length, data_cfg.targets_length
-  sides = {'encoder_decoder': {'encoder': inputs, 'decoder': targets},
-           'encoder': {'encoder': inputs}, 'electra': {'encoder': inputs},
-           'decoder': {'decoder': inputs + targets}}[model_cfg.arch]
-  names = {f'{side}_{n}': length for side, length in sides.items()
-           for n in ('input_tokens', 'segment_ids', 'positions')}
-  for name in step_lib.target_features(model_cfg):
-    names[name] = sides[name.split('_')[0]]
-  if model_cfg.next_sentence:  # BERT's segments A/B and one label per row
-    names.update(encoder_token_types=inputs, next_sentence_labels=None)
+def abstract_batch(data_cfg, sharding) -> dict:
+  """ShapeDtypeStructs of one global batch: the features `data.objective` declares."""
+  features = objectives.get(data_cfg.objective).features(data_cfg)
   return {name: jax.ShapeDtypeStruct((data_cfg.batch_size,) + ((length,) if length else ()),
                                      jnp.int32, sharding=sharding)
-          for name, length in names.items()}
+          for name, length in features.items()}
 
 
 def per_device_bytes(tree) -> int:
@@ -207,22 +199,14 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
   over the vocab (split over `tensor`) with their gradient, or, under remat, the tensors of the
   one layer being recomputed.
   """
-  n, m = inputs_length, targets_length
-  if cfg.arch == 'encoder_decoder':
-    stacks = [(cfg.num_encoder_layers, layer_bytes(cfg, b, n, n, tensor)),
-              (cfg.num_decoder_layers, layer_bytes(cfg, b, m, m, tensor, cross_length=n))]
-    encoded, logits_length = b * n * cfg.d_model * jnp.dtype(cfg.dtype).itemsize, m
-  elif cfg.arch == 'electra':  # the generator's logits; the discriminator has one per token
-    stacks = [(cfg.num_encoder_layers, layer_bytes(c, b, n, n, tensor))
-              for c in (cfg, electra.generator_config(cfg))]
-    encoded, logits_length = 0, n
-  else:
-    length = n if cfg.arch == 'encoder' else n + m
-    count = cfg.num_encoder_layers if cfg.arch == 'encoder' else cfg.num_decoder_layers
-    stacks = [(count, layer_bytes(cfg, b, length, length, tensor))]
-    encoded, logits_length = 0, length
+  shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
+  stacks = [(stack.layers, layer_bytes(stack.cfg, b, stack.length, stack.length, tensor,
+                                       cross_length=stack.cross_length or 0))
+            for stack in shapes.stacks]
+  encoded = sum(b * (stack.cross_length or 0) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+                for stack in shapes.stacks)
   kept = sum(count * layer[cfg.remat_policy] for count, layer in stacks)
-  logits = 2 * b * logits_length * cfg.vocab_size * 4 / tensor
+  logits = 2 * b * shapes.logits_length * cfg.vocab_size * 4 / tensor
   recomputed = 0 if cfg.remat_policy == 'none' else max(layer['none'] for _, layer in stacks)
   return kept + encoded + max(logits, recomputed)
 
@@ -254,12 +238,12 @@ def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,
   return memory
 
 
-def compile_train_step(config, objective, mesh, rules, spec, optimizer, schedule, batch):
+def compile_train_step(config, loss, mesh, rules, spec, optimizer, schedule, batch):
   """The train step exactly as `loop.train` jits it (shardings, donation), compiled for `mesh`
   from abstract values: nothing is allocated, and the devices need not be attached."""
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    jitted = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer, schedule)
-    lowered = jitted.lower(spec.abstract, batch, objective.frozen)
+    jitted = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer, schedule)
+    lowered = jitted.lower(spec.abstract, batch, loss.frozen_params)
   return lowered.compile(CPU_COMPILE_OPTIONS if mesh.devices.flat[0].platform == 'cpu' else None)
 
 
@@ -323,15 +307,16 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
   # devices cannot run.
   spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
   # A distillation teacher enters as the shapes of its parameters.
-  teacher = (objectives.load_teacher(config, model_cfg, mesh, rules, restore=False)
+  teacher = (loop.load_teacher(config, model_cfg, mesh, rules, restore=False)
              if config.train.teacher_workdir else None)
-  objective = objectives.make(config, model_cfg, teacher)
-  batch = abstract_batch(model_cfg, config.data, mesh_lib.batch_sharding(mesh, rules))
+  loss = objectives.make_loss(config, model_cfg, teacher)
+  batch = abstract_batch(config.data, mesh_lib.batch_sharding(mesh, rules))
   result['num_params'] = sum(x.size for x in jax.tree.leaves(spec.abstract.params))
-  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh, objective.frozen)
+  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh,
+                                       loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
   if devices is not None:
-    compiled = compile_train_step(config, objective, mesh, rules, spec, optimizer, schedule,
+    compiled = compile_train_step(config, loss, mesh, rules, spec, optimizer, schedule,
                                   batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')

@@ -17,16 +17,16 @@ import numpy as np
 from flax import nnx
 
 from t5lite import config as config_lib
+from t5lite import objectives
 from t5lite import paths
 from t5lite import outputs as outputs_lib
 from t5lite.data import pipeline
 from t5lite.data import vocabulary
 from t5lite.export import hf
-from t5lite.models import decoding
+from t5lite.models import decoding, family
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import objectives
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
 
@@ -62,12 +62,12 @@ def evaluate_workdir(config, workdir: str, data: str | None = None,
   model_cfg = config_lib.model_config(config)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    objective = objectives.make(config, model_cfg,
+    loss = objectives.make_loss(config, model_cfg,
                                 exact_match=bool(inputs and inputs.exact_match))
-    eval_step = step_lib.jit_eval_step(spec, mesh, objective)
+    eval_step = step_lib.jit_eval_step(spec, mesh, loss)
     batches, count = inputs.held_out() if inputs else (
         pipeline.make_pipeline(config.data, split), config.train.eval_batches)
-    metrics = loop.evaluate(eval_step, objective, params, batches, num_batches or count,
+    metrics = loop.evaluate(eval_step, loss, params, batches, num_batches or count,
                             batch_sharding)
   return {'step': step, **metrics}
 
@@ -172,7 +172,7 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
   (default: the latest) of `workdir`; `out` also gets them as JSONL {"input": .., "output": ..}.
 
   Inputs are tokenized with the run's vocabulary, EOS appended for an encoder, and padded to
-  data.inputs_length. `options` go to `decoding.decode` (method, temperature, top_k, top_p,
+  data.inputs_length. `options` go to `decoding.generate` (method, temperature, top_k, top_p,
   beam_size, alpha); max_decode_length defaults to data.targets_length; sampling draws from
   `seed`. Which `out` may be written, checked before anything is decoded: t5lite/outputs.py.
   """
@@ -183,7 +183,7 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
   model_cfg = config_lib.model_config(config)
   vocab = vocabulary.load_vocabulary(config.data.vocabulary)
   tokens = encode_inputs(vocab, inputs, config.data.inputs_length,
-                         eos=model_cfg.arch == 'encoder_decoder')
+                         eos=family(model_cfg.arch).prompt == 'encoder')
   max_decode_length = max_decode_length or config.data.targets_length
   decoding.check_options(model_cfg, tokens.shape[1], max_decode_length=max_decode_length,
                          **options)
@@ -198,7 +198,7 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
     model = nnx.merge(spec.graphdef, params, spec.rest)
     for start in range(0, len(tokens), batch_size):
       batch = jax.device_put(tokens[start:start + batch_size], mesh_lib.batch_sharding(mesh))
-      decoded.extend(jax.device_get(decoding.decode(
+      decoded.extend(jax.device_get(decoding.generate(
           model, batch, max_decode_length=max_decode_length,
           rng=jax.random.fold_in(rng, start), **options)))
   outputs = [vocab.decode(row) for row in decoded[:len(inputs)]]

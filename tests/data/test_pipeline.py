@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import objectives
+from t5lite.data import noise
 from t5lite.data import pipeline
 
 FEATURES = ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',
@@ -37,7 +37,7 @@ def test_batches_are_what_the_model_reads(small_data):
   assert all(v.dtype == np.int32 for v in batch.values())
   assert batch['encoder_input_tokens'].shape == (8, 64)
   assert batch['decoder_target_tokens'].shape == (8, 16)
-  raw, targets_length = objectives.random_spans_helper(64)
+  raw, targets_length = noise.random_spans_helper(64)
   assert (batch['encoder_segment_ids'] == 1).all()  # span corruption fills the inputs exactly
   assert (batch['decoder_segment_ids'].sum(1) == targets_length).all()
   inside = batch['decoder_segment_ids'][:, 1:] > 0  # shifted right within the example

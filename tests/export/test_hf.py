@@ -19,7 +19,7 @@ import pytest
 import safetensors.numpy
 
 from t5lite.export import export_hf, import_hf
-from t5lite.models import ModelConfig, build, get_params, load_params
+from t5lite.models import ModelConfig, build, get_params, load_params, stack_layers
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -251,6 +251,15 @@ def test_electra_exports_its_discriminator_to_transformers(tmp_path):
   names = safetensors.numpy.load_file(os.path.join(tmp_path, 'model.safetensors'))
   assert not any('generator' in name for name in names)  # the generator stays behind
   assert len(names) == sum(1 for _ in hf.state_dict())  # nothing HF has is left at random
+
+
+def test_scanned_electra_exports_as_unrolled(tmp_path):
+  cfg, model = bert_family_model('electra', seed=7)
+  export_hf(get_params(model), cfg, str(tmp_path / 'unrolled'))
+  scanned = dataclasses.replace(cfg, scan_layers=True)
+  export_hf(stack_layers(get_params(model)), scanned, str(tmp_path / 'scanned'))
+  for name in ('config.json', 'model.safetensors'):
+    assert (tmp_path / 'scanned' / name).read_bytes() == (tmp_path / 'unrolled' / name).read_bytes()
 
 
 def test_bert_with_next_sentence_prediction_exports_to_transformers(tmp_path):

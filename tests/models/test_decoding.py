@@ -116,13 +116,13 @@ def sequence_scores(model, inputs, decoded, alpha: float) -> np.ndarray:
 
 
 def run(model, inputs, **options) -> np.ndarray:
-  return np.asarray(decoding.decode(model, inputs, max_decode_length=MAX_DECODE_LENGTH,
-                                    **options))
+  return np.asarray(decoding.generate(model, inputs, max_decode_length=MAX_DECODE_LENGTH,
+                                      **options))
 
 
 @nnx.jit(static_argnames='beam_size')
 def beam(model, inputs, *, beam_size, alpha):
-  """Beam search's (tokens, scores), which `decode` leaves at tokens."""
+  """Beam search's (tokens, scores), which `generate` leaves at tokens."""
   logits, cache, index = decoding.prefill(model, inputs, MAX_DECODE_LENGTH)
   return decoding.beam_search(decoding.cached_step(model), logits, cache, index,
                               MAX_DECODE_LENGTH, beam_size=beam_size, alpha=alpha)
@@ -224,7 +224,7 @@ def test_filter_logits_top_k_and_top_p():
 def test_bad_decoding_options_fail_with_one_line(options, message):
   model = build(tiny(**CASES['gpt_learned']), nnx.Rngs(0))
   with pytest.raises(ValueError, match=message):
-    decoding.decode(model, random_inputs(), **{'max_decode_length': 4, **options})
+    decoding.generate(model, random_inputs(), **{'max_decode_length': 4, **options})
 
 
 # Hugging Face's generate on the same weights: an independent implementation of both searches.

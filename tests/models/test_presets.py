@@ -109,7 +109,7 @@ def test_scanned_and_unrolled_have_the_same_parameters():
 
 
 @pytest.mark.parametrize('field, value', [
-    ('activation', 'swish'), ('position', 'alibi'), ('norm', 'batch'), ('arch', 'rnn'),
+    ('activation', 'swish'), ('position', 'alibi'), ('norm', 'batch'),
     ('attention', 'flash'), ('remat_policy', 'some'), ('dtype', 'int8'),
 ])
 def test_bad_config_fails_at_construction(field, value):

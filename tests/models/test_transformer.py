@@ -173,11 +173,12 @@ def test_prefix_lm_attends_bidirectionally_over_its_prefix():
   assert mask[0, 0].tolist() == [[True, True, False], [True, True, False], [True, True, True]]
 
 
-def test_encode_decode_compose_to_call():
+def test_encode_and_decoder_logits_compose_to_call():
   model = build(tiny(), nnx.Rngs(0))
   batch = random_batch(0)
   encoder = Features.from_batch(batch, 'encoder')
-  logits = model.decode(model.encode(encoder), encoder, Features.from_batch(batch, 'decoder'))
+  logits = model.decoder_logits(model.encode(encoder), encoder,
+                                Features.from_batch(batch, 'decoder'))
   np.testing.assert_allclose(logits, model(batch), atol=1e-6)
 
 
@@ -255,6 +256,17 @@ def test_stack_unstack_round_trip():
   assert stacked['encoder']['layers']['mlp']['wi']['kernel'].shape == (2, 32, 64)
   back = unstack_layers(stacked)
   jax.tree.map(np.testing.assert_array_equal, back, params)
+
+
+def test_scanned_electra_stack_unstack_round_trip():
+  """Both of ELECTRA's stacks, generator and discriminator, change layout; the result loads."""
+  cfg = tiny(arch='electra', generator_size=0.5)
+  params = get_params(build(cfg, nnx.Rngs(0)))
+  stacked = stack_layers(params)
+  for stack, d_ff in (('generator', 32), ('discriminator', 64)):
+    assert stacked[stack]['layers']['mlp']['wi']['kernel'].shape == (2, 32, d_ff)
+  load_params(build(dataclasses.replace(cfg, scan_layers=True), nnx.Rngs(1)), stacked)
+  jax.tree.map(np.testing.assert_array_equal, unstack_layers(stacked), params)
 
 
 def test_load_params_rejects_a_wrong_layout():

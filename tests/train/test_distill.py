@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 from t5lite import config as config_lib
-from t5lite.train import losses
+from t5lite import objectives
+from t5lite.objectives import distillation, losses
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import objectives
 from t5lite.train import plan
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
@@ -74,14 +74,15 @@ def test_two_microbatches_with_a_teacher_equal_one_big_batch():
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, rules)
       teacher_spec = state_lib.state_spec(model_cfg, optax.identity(), 1, mesh, rules)
-      teacher = objectives.Teacher(model_cfg, teacher_spec.graphdef, teacher_spec.rest,
-                                   teacher_spec.init().params)
-      objective = objectives.distillation(model_cfg, config.train, teacher)
-      step = step_lib.jit_train_step(spec, mesh, objective, config.train, optimizer,
+      teacher = distillation.Teacher(model_cfg, teacher_spec.graphdef, teacher_spec.rest,
+                                     teacher_spec.init().params)
+      loss = distillation.loss(objectives.get('span_corruption'), model_cfg, config.train,
+                               teacher)
+      step = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer,
                                      optax.constant_schedule(1e-2))
       state, out = spec.init(), []
       for i in range(2):
-        state, metrics = step(state, synthetic_batch(i), objective.frozen)
+        state, metrics = step(state, synthetic_batch(i), loss.frozen_params)
         out.append([float(metrics[k]) for k in ('loss', 'soft_loss', 'hidden_loss')])
     return np.array(out)
 
@@ -129,7 +130,8 @@ def test_plan_counts_the_teachers_parameters(teacher):
     (['--config.model.vocab_size=8320'], 'distillation needs one vocabulary'),
     (['--config.model.d_model=32', '--config.model.d_kv=16',
       '--config.train.distill_hidden_weight=1'], 'the teacher has d_model 64, the student 32'),
-    (['--config.model.arch=decoder'], 'holds a encoder_decoder model and the student is decoder'),
+    (['--config.model.arch=decoder', '--config.data.objective=causal_lm',
+      '--config.data.inputs_length=0'], 'holds a encoder_decoder model and the student is decoder'),
     (['--config.train.distill_alpha=2'], 'config.train.distill_alpha=2.0 must be in [0, 1]'),
 ])
 def test_a_teacher_the_student_cannot_learn_from_is_refused(tmp_path, capsys, teacher, flags,

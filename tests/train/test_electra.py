@@ -12,7 +12,7 @@ from flax import nnx
 from t5lite import cli
 from t5lite import config as config_lib
 from t5lite.models import ModelConfig, build
-from t5lite.train import losses, objectives
+from t5lite.objectives import electra, losses
 
 from test_loop import ROOT
 
@@ -48,18 +48,18 @@ def test_a_sample_equal_to_the_original_is_not_replaced():
   batch = {'encoder_input_tokens': jnp.array([[5, 99, 99, 8, 0]]),
            'encoder_target_tokens': jnp.array([[0, 6, 7, 0, 0]]),
            'encoder_loss_weights': jnp.array([[0, 1, 1, 0, 0]])}
-  original = objectives.original_tokens(batch)
+  original = electra.original_tokens(batch)
   np.testing.assert_array_equal(original, [[5, 6, 7, 8, 0]])
   sampled = jnp.array([[9, 6, 3, 9, 9]])
-  inputs, replaced = objectives.replace_tokens(original, batch['encoder_loss_weights'] > 0,
-                                               sampled)
+  inputs, replaced = electra.replace_tokens(original, batch['encoder_loss_weights'] > 0,
+                                            sampled)
   np.testing.assert_array_equal(inputs, [[5, 6, 3, 8, 0]])
   np.testing.assert_array_equal(replaced, [[False, False, True, False, False]])
 
 
 def test_samples_follow_the_generators_softmax_and_are_never_padding():
   logits = jnp.log(jnp.array([0.7, 0.1, 0.2, 0.3, 0.4]))  # the padding id 0 would be likeliest
-  samples = np.asarray(objectives.sample_tokens(
+  samples = np.asarray(electra.sample_tokens(
       jax.random.PRNGKey(0), jnp.broadcast_to(logits, (40, 500, 5))))
   counts = np.bincount(samples.reshape(-1), minlength=5) / samples.size
   expected = np.array([0, 0.1, 0.2, 0.3, 0.4])
@@ -84,7 +84,7 @@ def test_generator_and_discriminator_share_embeddings():
 def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
   model = build(TINY, nnx.Rngs(0))
   config = config_lib.base_config()
-  objective = objectives.electra(TINY, config.train)
+  loss = electra.OBJECTIVE.loss(TINY, config.train)
   rng = np.random.RandomState(0)
   original = rng.randint(3, 128, (4, 12)).astype(np.int32)
   original[-1, 8:] = 0  # padding
@@ -92,15 +92,15 @@ def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
   batch = {'encoder_input_tokens': np.where(masked, 127, original),
            'encoder_target_tokens': np.where(masked, original, 0),
            'encoder_loss_weights': masked.astype(np.int32)}
-  sums = jax.jit(lambda batch: objective.sums(model, batch, None, jax.random.PRNGKey(1),
-                                              train=True))(batch)
+  sums = jax.jit(lambda batch: loss.sums(model, batch, None, jax.random.PRNGKey(1),
+                                         train=True))(batch)
   assert float(sums['mlm']['weight']) == masked.sum()
   assert float(sums['discriminator']['weight']) == (original > 0).sum()  # every real token
   assert 0 < float(sums['discriminator']['replaced']) <= masked.sum()
-  metrics = objective.metrics(sums)
+  metrics = loss.metrics(sums)
   np.testing.assert_allclose(metrics['loss'],
                              metrics['mlm_loss'] + 50 * metrics['discriminator_loss'], rtol=1e-6)
-  np.testing.assert_allclose(objective.loss(sums, objective.denominators(batch)),
+  np.testing.assert_allclose(loss.minimised(sums, loss.denominators(batch)),
                              metrics['loss'], rtol=1e-6)
 
 

@@ -69,7 +69,7 @@ def test_data_show_renders_each_objective(capsys, name):
 
 @pytest.mark.parametrize('change, message', [
     (['--config.data.objective=mlm'],
-     "model.next_sentence=True goes with data.objective='mlm_nsp'"),
+     "model.next_sentence=True trains with data.objective='mlm_nsp'"),
     (['--config.model.arch=decoder', '--config.model.num_decoder_layers=1'],
      'model.next_sentence is BERT'),
 ])

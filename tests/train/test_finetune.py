@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from t5lite import cli
-from t5lite.train import losses
+from t5lite.objectives import losses
 from t5lite.train import preemption
 from test_loop import ROOT, SMALL
 from tests.texts import keyword_task, random_corpus

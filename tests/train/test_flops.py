@@ -87,5 +87,3 @@ def test_cpu_peak_is_measured_and_shared_by_the_fake_devices():
   host = flops.measured_matmul_flops(jax.devices()[0])
   assert peak == host / jax.device_count()  # cached: the same measurement both times
   assert 1e8 < host < 1e14 and math.isfinite(host)
-  # A step doing half of what all 8 devices can do in 2 s is at 50% MFU.
-  assert flops.mfu(0.5 * 8 * peak * 2.0, 2.0) == pytest.approx(0.5)

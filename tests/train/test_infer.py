@@ -54,7 +54,7 @@ def test_infer_prints_and_writes_one_output_per_input(workdir, tmp_path, capsys)
   model = nnx.merge(spec.graphdef, jax.device_get(params), spec.rest)
   tokens = workdir_lib.encode_inputs(vocab, [row['input'] for row in rows], 32, eos=True)
   for row, ids in zip(rows, tokens):
-    alone = decoding.decode(model, ids[None], max_decode_length=MAX_DECODE_LENGTH)[0]
+    alone = decoding.generate(model, ids[None], max_decode_length=MAX_DECODE_LENGTH)[0]
     assert vocab.decode(alone) == row['output']
 
 

@@ -6,9 +6,9 @@ import pytest
 from flax import nnx
 
 from t5lite import config as config_lib
+from t5lite import objectives
 from t5lite.models import build
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import objectives
 from t5lite.train import optim
 from t5lite.train import plan
 from t5lite.train import state as state_lib
@@ -51,7 +51,7 @@ def train(config, num_steps=5):
   with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.DEFAULT_RULES):
     spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, mesh_lib.DEFAULT_RULES)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    step = step_lib.jit_train_step(spec, mesh, objectives.lm(model_cfg, config.train),
+    step = step_lib.jit_train_step(spec, mesh, objectives.make_loss(config, model_cfg),
                                    config.train, optimizer, schedule)
     state, losses = spec.init(), []
     for i in range(num_steps):
@@ -138,8 +138,10 @@ def test_chunked_loss_sums_and_gradients_for_every_arch(arch, tie_embeddings):
     def loss(params, chunks):
       config.train.loss_chunks = chunks
       model = nnx.merge(graphdef, params, rest)
-      sums = step_lib.loss_sums(model, batch, model_cfg, config.train,
-                                dropout_key=jax.random.key(1))  # the same masks for both
+      side = 'encoder' if arch == 'encoder' else 'decoder'
+      sums = objectives.base.token_sums(
+          model, batch, (f'{side}_target_tokens', f'{side}_loss_weights'), config.train,
+          dropout_key=jax.random.key(1))  # the same masks for both
       return sums['loss'], sums
     return [jax.grad(loss, has_aux=True)(params, chunks) for chunks in (0, 3)]
 
@@ -160,11 +162,11 @@ def test_chunked_loss_needs_less_memory():
   optimizer = optim.make_optimizer(config.optim, 100)
   schedule = optim.make_schedule(config.optim, 100)
   spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, rules)
-  batch = plan.abstract_batch(model_cfg, config.data, mesh_lib.batch_sharding(mesh))
+  batch = plan.abstract_batch(config.data, mesh_lib.batch_sharding(mesh))
 
   def compiled(chunks):  # the real step, compiled from shapes: nothing runs
     config.train.loss_chunks = chunks
-    return plan.compile_train_step(config, objectives.lm(model_cfg, config.train), mesh, rules,
+    return plan.compile_train_step(config, objectives.make_loss(config, model_cfg), mesh, rules,
                                    spec, optimizer, schedule, batch)
 
   whole, chunked = compiled(0), compiled(4)
@@ -178,19 +180,21 @@ def test_chunked_loss_needs_less_memory():
   assert not any(shape in chunked.as_text() for shape in logits)
 
 
-@pytest.mark.parametrize('objective', ['electra', 'next_sentence', 'distillation'])
-def test_loss_chunks_are_refused_where_the_objective_needs_all_logits(objective):
+@pytest.mark.parametrize('objective, error', [
+    ('electra', "data.objective='electra' needs the full logits"),
+    ('next_sentence', "data.objective='mlm_nsp' needs the full logits"),
+    ('distillation', 'distillation needs the full logits')])
+def test_loss_chunks_are_refused_where_the_objective_needs_all_logits(objective, error):
   config = small_config()
   config.train.loss_chunks = 4
-  teacher = None
   if objective == 'electra':
-    config.model.arch = 'electra'
+    config.model.arch = config.data.objective = 'electra'
+    config.model.num_decoder_layers = 0
   if objective == 'next_sentence':
-    config.model.update(arch='encoder', next_sentence=True)
+    config.model.update(arch='encoder', next_sentence=True, num_decoder_layers=0)
     config.data.objective = 'mlm_nsp'
   if objective == 'distillation':
-    teacher = objectives.Teacher(config_lib.model_config(config), None, None, None)
-  with pytest.raises(ValueError, match='train.loss_chunks=4 chunks the lm objective alone; '
-                                       'ELECTRA, next-sentence and distillation runs') as error:
-    objectives.make(config, config_lib.model_config(config), teacher)
+    config.train.teacher_workdir = 'runs/teacher'
+  with pytest.raises(ValueError, match=error) as error:
+    objectives.for_run(config, config_lib.model_config(config))
   assert '\n' not in str(error.value)

@@ -25,9 +25,9 @@ non-noise and end with noise):
 where <X0> = <extra_id_0> = vocab_size - 1, <X1> = vocab_size - 2.
 """
 
-import tensorflow as tf
+from t5lite.data.tf_setup import tf
 
-from t5lite.data.vocabulary import EOS_ID, PAD_ID, UNK_ID
+from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp, softmax
 
-from t5lite.train import losses
+from t5lite.objectives import losses
 
 
 def numpy_losses(logits, targets, weights, z_loss, label_smoothing):

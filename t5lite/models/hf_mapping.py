@@ -1,0 +1,110 @@
+"""How a family is a Hugging Face model (its `Family.hf`), and the pieces BERT-layer families share.
+
+A family names every tensor one to one (`HfModel.table`); t5lite/export/hf.py does the rest. The
+transform is PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in)
+flattened and transposed, and our (heads, d_kv) biases are flattened. BERT-style attention
+divides q.k by sqrt(d_kv), which ours folds into the query weights: a BERT-layer table multiplies
+HF's query weight and bias by sqrt(d_kv).
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from t5lite.models.config import ModelConfig
+
+# Our activation -> HF's name ('gelu_new' is HF's tanh approximation).
+FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gated-gelu': 'gated-gelu',
+                     'gated-silu': 'gated-silu'}
+TYPE_VOCAB_SIZE = 2  # BERT's segments A and B
+# What a BERT-layer stack must be, field by field, to be HF's BertModel or ElectraModel exactly.
+BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_bias=True,
+                   embed_norm=True, tie_embeddings=True)
+
+
+class Row(NamedTuple):
+  """One tensor: our param path, HF's name, the input dims of a Linear kernel (0: copied as is,
+  biases flattened) and the factor HF's tensor carries over ours."""
+  path: tuple
+  name: str
+  num_in: int
+  scale: float = 1.0
+
+
+class HfModel(NamedTuple):
+  """The Hugging Face model a family exports as (and imports from, given `load`)."""
+  name: str  # in messages: 'T5'
+  architecture: str  # config.json's architectures: 'T5ForConditionalGeneration'
+  model_type: str  # config.json's model_type: 't5'
+  check: Callable[[ModelConfig], None]  # refuses in one line a config HF's model cannot be
+  config: Callable[[ModelConfig], dict[str, Any]]  # the rest of config.json
+  table: Callable[[ModelConfig], list[Row]]  # every tensor of HF's model we have
+  # HF's tensors we lack, written as they are (ELECTRA's token types, zeros)
+  extra: Callable[[ModelConfig], dict[str, np.ndarray]] | None = None
+  # config.json and tensors -> ModelConfig fields (arch aside) and the tensors `table` names;
+  # None: export only
+  load: Callable[[dict[str, Any], dict[str, np.ndarray]],
+                 tuple[dict[str, Any], dict[str, np.ndarray]]] | None = None
+
+
+def check_fields(cfg: ModelConfig, name: str, fields: dict[str, Any]) -> None:
+  """Refuses a config whose `fields` differ from those HF's `name` model fixes."""
+  for field, value in fields.items():
+    if getattr(cfg, field) != value:
+      raise ValueError(f'export supports {name} models ({field}={value!r}); '
+                       f'got {field}={getattr(cfg, field)!r}')
+
+
+def check_bert_layers(cfg: ModelConfig, name: str, **fields: Any) -> None:
+  """Refuses a config that is not BERT's layers (and `fields`): HF's have no gating, and their
+  hidden size is also the attention's."""
+  check_fields(cfg, name, {**BERT_LAYERS, **fields})
+  if cfg.is_gated or cfg.num_heads * cfg.d_kv != cfg.d_model:
+    raise ValueError(f'{name} export needs an ungated activation and num_heads * d_kv == d_model '
+                     f'(got {cfg.activation}, {cfg.num_heads} * {cfg.d_kv} vs {cfg.d_model})')
+
+
+def linear(ours: tuple, theirs: str, num_in: int = 1, scale: float = 1.0) -> list[Row]:
+  """A Linear layer with a bias: its weight and bias rows."""
+  return [Row((*ours, 'kernel'), f'{theirs}.weight', num_in, scale),
+          Row((*ours, 'bias'), f'{theirs}.bias', 0, scale)]
+
+
+def layer_norm(ours: tuple, theirs: str) -> list[Row]:
+  return [Row((*ours, 'scale'), f'{theirs}.weight', 0), Row((*ours, 'bias'), f'{theirs}.bias', 0)]
+
+
+def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
+  """A BERT-layer `Stack` (post-LN, biases, learned positions, embedding LayerNorm) as HF's
+  BertModel/ElectraModel named `prefix`: embeddings and encoder layers."""
+  rows = [Row(('embed', 'embedding'), f'{prefix}.embeddings.word_embeddings.weight', 0),
+          Row((stack, 'position_embedding', 'embedding'),
+              f'{prefix}.embeddings.position_embeddings.weight', 0),
+          *layer_norm((stack, 'embed_norm'), f'{prefix}.embeddings.LayerNorm')]
+  if cfg.next_sentence:
+    rows.append(Row((stack, 'type_embedding', 'embedding'),
+                    f'{prefix}.embeddings.token_type_embeddings.weight', 0))
+  names = {'q': 'self.query', 'k': 'self.key', 'v': 'self.value', 'o': 'output.dense'}
+  for i in range(cfg.num_encoder_layers):
+    ours, theirs = (stack, 'layers', i), f'{prefix}.encoder.layer.{i}'
+    for p, name in names.items():
+      rows += linear((*ours, 'self_attention', p), f'{theirs}.attention.{name}',
+                     2 if p == 'o' else 1, cfg.d_kv**0.5 if p == 'q' else 1.0)
+    rows += layer_norm((*ours, 'self_attention_norm'), f'{theirs}.attention.output.LayerNorm')
+    rows += linear((*ours, 'mlp', 'wi'), f'{theirs}.intermediate.dense')
+    rows += linear((*ours, 'mlp', 'wo'), f'{theirs}.output.dense')
+    rows += layer_norm((*ours, 'mlp_norm'), f'{theirs}.output.LayerNorm')
+  return rows
+
+
+def bert_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The config.json fields BertConfig and ElectraConfig share."""
+  return {
+      'vocab_size': cfg.vocab_size, 'hidden_size': cfg.d_model,
+      'num_hidden_layers': cfg.num_encoder_layers, 'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.d_ff, 'hidden_act': FEED_FORWARD_PROJ[cfg.activation],
+      'hidden_dropout_prob': cfg.dropout, 'attention_probs_dropout_prob': 0.0,
+      'max_position_embeddings': cfg.max_length, 'type_vocab_size': TYPE_VOCAB_SIZE,
+      'layer_norm_eps': cfg.norm_eps, 'position_embedding_type': 'absolute',
+      'pad_token_id': 0, 'dtype': 'float32',
+  }

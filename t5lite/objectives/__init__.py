@@ -1,0 +1,58 @@
+"""The registry of objectives: `data.objective` -> the one object that owns an objective's data,
+features, settings and loss (`base.Objective`), and the loss a run trains with.
+
+Adding an objective: its module here (a `base.Objective` subclass), one line in OBJECTIVES,
+a preset in configs/ and its test.
+"""
+
+import ml_collections
+
+from t5lite.models.config import ModelConfig
+from t5lite.objectives import bart
+from t5lite.objectives import base
+from t5lite.objectives import causal_lm
+from t5lite.objectives import distillation
+from t5lite.objectives import electra
+from t5lite.objectives import mlm
+from t5lite.objectives import mlm_nsp
+from t5lite.objectives import span_corruption
+from t5lite.objectives.base import Loss, Objective
+
+OBJECTIVES = {objective.name: objective for objective in (
+    span_corruption.OBJECTIVE,
+    mlm.OBJECTIVE,
+    mlm_nsp.OBJECTIVE,
+    causal_lm.CAUSAL_LM,
+    causal_lm.PREFIX_LM,
+    bart.OBJECTIVE,
+    electra.OBJECTIVE,
+)}
+
+
+def get(name: str) -> Objective:
+  """The objective `data.objective` names; one line for an unknown name."""
+  if name not in OBJECTIVES:
+    raise ValueError(f'data.objective={name!r} is not one of {", ".join(OBJECTIVES)}')
+  return OBJECTIVES[name]
+
+
+def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Objective:
+  """`config`'s objective, checked against its model and settings: one line if they cannot
+  work together, before a run reads data or compiles anything."""
+  objective = get(config.data.objective)
+  objective.check(config, model_cfg)
+  distillation.check(config, objective)
+  return objective
+
+
+def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
+              teacher: distillation.Teacher | None = None, *, exact_match: bool = False) -> Loss:
+  """The loss a run minimises: its objective's, or with a teacher, distilled from it;
+  `exact_match` (token losses only) makes evaluation count exact target sequences."""
+  objective = for_run(config, model_cfg)
+  if teacher is not None:
+    return distillation.loss(objective, model_cfg, config.train, teacher)
+  return objective.loss(model_cfg, config.train, exact_match=exact_match)
+
+
+__all__ = ['OBJECTIVES', 'Loss', 'Objective', 'base', 'for_run', 'get', 'make_loss']

@@ -1,0 +1,48 @@
+"""T5's span corruption (Raffel et al. 2020, section 3.1.4), for encoder-decoder models.
+
+15% of the tokens, in spans of 3 on average, each replaced by a sentinel in the inputs; the
+targets are the spans, each after its sentinel. `data.inputs_length` fixes the raw chunk so
+that the corrupted inputs fill their row exactly (`noise.random_spans_helper`):
+  raw     A B C D E F G H I J       noise spans [C D] and [I J]
+  inputs  A B <X0> E F G H <X1> EOS
+  targets <X0> C D <X1> I J EOS
+The loss is the token cross entropy on the decoder's targets.
+"""
+
+import ml_collections
+
+from t5lite.data import noise
+from t5lite.data import packing
+from t5lite.objectives import base
+
+
+class SpanCorruption(base.Objective):
+  name = 'span_corruption'
+  sides = ('encoder', 'decoder')
+
+  def raw_length(self, data: ml_collections.ConfigDict) -> int:
+    """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
+    base.at_least(data, 'inputs_length', 2)  # a sentinel and EOS
+    raw_length, targets_length = noise.random_spans_helper(
+        data.inputs_length, data.noise_density, data.mean_noise_span_length)
+    if data.targets_length < targets_length:
+      raise ValueError(f'data.targets_length={data.targets_length} is too short for span '
+                       f'corruption of {data.inputs_length} inputs: it needs {targets_length}')
+    return raw_length
+
+  def row_lengths(self, data):
+    return {'inputs': data.inputs_length, 'targets': data.targets_length}
+
+  def transform(self, examples, data, vocab):
+    return noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
+                                 data.mean_noise_span_length)
+
+  def convert(self, row):
+    return packing.encoder_decoder_features(row)
+
+  def features(self, data):
+    return {**base.side_features('encoder', data.inputs_length),
+            **base.side_features('decoder', data.targets_length, targets=True)}
+
+
+OBJECTIVE = SpanCorruption()
