@@ -9,13 +9,11 @@ The loss is the token cross entropy on the decoder's targets.
 import ml_collections
 
 from t5lite.data import noise
-from t5lite.data import packing
 from t5lite.objectives import base
 
 
-class Bart(base.Objective):
+class Bart(base.EncoderDecoderObjective):
   name = 'bart'
-  sides = ('encoder', 'decoder')
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """targets_length - 1 tokens (the original + EOS); the noised inputs are never longer."""
@@ -26,19 +24,9 @@ class Bart(base.Objective):
                        'targets')
     return targets_length - 1
 
-  def row_lengths(self, data):
-    return {'inputs': data.inputs_length, 'targets': data.targets_length}
-
   def transform(self, examples, data, vocab):
     return noise.bart(examples, vocab.sentinel_id(0), vocab.sentence_end_ids(),
                       data.noise_density, data.mean_noise_span_length)
-
-  def convert(self, row):
-    return packing.encoder_decoder_features(row)
-
-  def features(self, data):
-    return {**base.side_features('encoder', data.inputs_length),
-            **base.side_features('decoder', data.targets_length, targets=True)}
 
 
 OBJECTIVE = Bart()

@@ -24,6 +24,7 @@ import ml_collections
 from flax import nnx
 
 from t5lite import models
+from t5lite.data import packing
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import losses
 
@@ -100,6 +101,22 @@ class Objective:
   def loss(self, model_cfg: ModelConfig, train_cfg, *, exact_match: bool = False) -> Loss:
     """The token cross entropy; `exact_match` makes evaluation count exact target sequences."""
     return token_loss(self.targets, model_cfg, train_cfg, exact_match=exact_match)
+
+
+class EncoderDecoderObjective(Objective):
+  """An objective of noised inputs for the encoder and targets for the decoder, each its own
+  row length (span corruption, BART)."""
+  sides = ('encoder', 'decoder')
+
+  def row_lengths(self, data):
+    return {'inputs': data.inputs_length, 'targets': data.targets_length}
+
+  def convert(self, row):
+    return packing.encoder_decoder_features(row)
+
+  def features(self, data):
+    return {**side_features('encoder', data.inputs_length),
+            **side_features('decoder', data.targets_length, targets=True)}
 
 
 def side_features(side: str, length: int, *, targets: bool = False) -> dict[str, int]:

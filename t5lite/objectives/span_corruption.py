@@ -12,13 +12,11 @@ The loss is the token cross entropy on the decoder's targets.
 import ml_collections
 
 from t5lite.data import noise
-from t5lite.data import packing
 from t5lite.objectives import base
 
 
-class SpanCorruption(base.Objective):
+class SpanCorruption(base.EncoderDecoderObjective):
   name = 'span_corruption'
-  sides = ('encoder', 'decoder')
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
@@ -30,19 +28,9 @@ class SpanCorruption(base.Objective):
                        f'corruption of {data.inputs_length} inputs: it needs {targets_length}')
     return raw_length
 
-  def row_lengths(self, data):
-    return {'inputs': data.inputs_length, 'targets': data.targets_length}
-
   def transform(self, examples, data, vocab):
     return noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
                                  data.mean_noise_span_length)
-
-  def convert(self, row):
-    return packing.encoder_decoder_features(row)
-
-  def features(self, data):
-    return {**base.side_features('encoder', data.inputs_length),
-            **base.side_features('decoder', data.targets_length, targets=True)}
 
 
 OBJECTIVE = SpanCorruption()
