@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
-from t5lite.train import plan  # noqa: E402
+from t5lite.commands import plan  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -40,18 +40,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from flax import nnx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
-from t5lite import objectives  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
-from t5lite.train import optim  # noqa: E402
-from t5lite.train import state as state_lib  # noqa: E402
-from t5lite.train import step as step_lib  # noqa: E402
+from t5lite.train import run as run_lib  # noqa: E402
 
 # Defaults by JAX backend: a few minutes on a 2-core CPU; T5 v1.1 base at its pretraining lengths.
 DEFAULTS = {
@@ -110,20 +106,13 @@ def synthetic_batch(vocab_size: int, args, seed: int = 0) -> dict:
 
 def t5lite_step(config, batch: dict):
   """(step, info): `step()` runs one jitted train step on one device and waits for its loss."""
-  model_cfg = config_lib.model_config(config)
-  mesh = mesh_lib.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
-  rules = mesh_lib.DEFAULT_RULES
-  optimizer = optim.make_optimizer(config.optim, config.train.steps)
-  schedule = optim.make_schedule(config.optim, config.train.steps)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
-    batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-    train_step = step_lib.jit_train_step(spec, mesh, objectives.make_loss(config, model_cfg),
-                                         config.train, optimizer, schedule)
-    state = spec.init()
-    device_batch = {k: jax.device_put(v, batch_sharding) for k, v in batch.items()}
+  run = run_lib.make_run(config, mesh_lib.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
+                                                     jax.devices()[:1]), reads_text=False)
+  with run.sharding():
+    state = run.spec.init()
+    device_batch = {k: jax.device_put(v, run.batch_sharding) for k, v in batch.items()}
     start = time.perf_counter()
-    compiled = train_step.lower(state, device_batch, None).compile()
+    compiled = run.jit_train_step(run.loss()).lower(state, device_batch, None).compile()
     compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
   holder = {'state': state}

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import sys
+import warnings
 
 COMMANDS = {}
 
@@ -42,17 +43,20 @@ def train_command(args, overrides):
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
                          args.coordinator_timeout, args.multihost)
   config = load_run_config(args, overrides)
+  if config.data.task:
+    raise ValueError(f'config.data.task={config.data.task!r} is for fine-tuning: use t5lite '
+                     'finetune')
   return exit_status(loop.train(config, args.workdir))
 
 
 @command('eval', 'held-out loss and accuracy of the latest checkpoint')
 def eval_command(args, overrides):
-  from t5lite.train import finetune, workdir as workdir_lib
+  from t5lite.commands import evaluate, finetune
   config = load_run_config(args, overrides)
-  task = 'task' in config.data and not args.data  # a fine-tuned run: its task's held-out split
-  metrics = workdir_lib.evaluate_workdir(config, args.workdir, data=args.data,
-                                        num_batches=args.num_batches,
-                                        inputs=finetune.task_inputs(config) if task else None)
+  task = config.data.task and not args.data  # a fine-tuned run: its task's held-out split
+  metrics = evaluate.evaluate_workdir(config, args.workdir, data=args.data,
+                                      num_batches=args.num_batches,
+                                      inputs=finetune.task_inputs(config) if task else None)
   print(json.dumps(metrics))
 
 
@@ -69,19 +73,19 @@ def data_command(args, overrides):
 
 @command('export', 'export a checkpoint to a Hugging Face folder (config.json + model.safetensors)')
 def export_command(args, overrides):
-  from t5lite.train import workdir as workdir_lib
+  from t5lite.commands import hugging_face
   config = load_run_config(args, overrides)
-  step = workdir_lib.export_workdir(config, args.workdir, args.out, step=args.step,
-                                   overwrite=args.overwrite)
+  step = hugging_face.export_workdir(config, args.workdir, args.out, step=args.step,
+                                     overwrite=args.overwrite)
   print(f'exported step {step} of {args.workdir} to {args.out}')
 
 
 @command('infer', 'decode text with a checkpoint, e.g. fill the sentinels of span-corrupted text')
 def infer_command(args, overrides):
-  from t5lite.train import workdir as workdir_lib
+  from t5lite.commands import infer
   config = load_run_config(args, overrides)
-  inputs = workdir_lib.read_inputs(args.input, args.input_file, args.input_key)
-  outputs = workdir_lib.infer_workdir(
+  inputs = infer.read_inputs(args.input, args.input_file, args.input_key)
+  outputs = infer.infer_workdir(
       config, args.workdir, inputs, step=args.step, out=args.out, overwrite=args.overwrite,
       max_decode_length=args.max_decode_length, seed=args.seed, method=args.method,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -91,14 +95,14 @@ def infer_command(args, overrides):
 
 @command('import-hf', 'start a workdir from a Hugging Face T5 folder')
 def import_hf_command(args, overrides):
-  from t5lite.train import workdir as workdir_lib
-  config = workdir_lib.import_hf_workdir(args.hf, args.workdir, overrides)
+  from t5lite.commands import hugging_face
+  config = hugging_face.import_hf_workdir(args.hf, args.workdir, overrides)
   print(f'imported {args.hf} into {args.workdir}: {config.model.d_model=}')
 
 
 @command('finetune', 'fine-tune on a text-to-text task from a pretrained workdir or HF folder')
 def finetune_command(args, overrides):
-  from t5lite.train import finetune
+  from t5lite.commands import finetune
   metrics = finetune.finetune(args.workdir, pretrained=args.pretrained, hf_dir=args.hf,
                               random_init=args.random_init, task=args.task,
                               inputs_key=args.inputs_key, targets_key=args.targets_key,
@@ -117,7 +121,7 @@ def exit_status(last: dict) -> int:
 
 @command('plan', 'per-device memory, FLOPs and step time of a config on a topology, no hardware')
 def plan_command(args, overrides):
-  from t5lite.train import plan
+  from t5lite.commands import plan
   config = load_run_config(args, overrides)
   print(plan.format_plan(plan.plan(config, args.topology, mfu=args.mfu,
                                   compile_step=not args.analytic)))
@@ -172,7 +176,12 @@ def parser() -> argparse.ArgumentParser:
                                help='write over an existing file, or into a folder holding other '
                                "files (only this command's files are replaced); never in or "
                                'above the workdir')
-  train = parsers['train']
+  for name, add_flags in COMMAND_FLAGS.items():
+    add_flags(parsers[name])
+  return top
+
+
+def _train_flags(train: argparse.ArgumentParser) -> None:
   train.add_argument('--coordinator_address', help='HOST:PORT of process 0')
   train.add_argument('--num_processes', type=int, help='processes in the run (with '
                      '--coordinator_address)')
@@ -181,20 +190,28 @@ def parser() -> argparse.ArgumentParser:
                      help='join a multi-process run JAX detects (TPU pod, SLURM)')
   train.add_argument('--coordinator_timeout', type=int, default=300,
                      help='seconds to wait for all processes to join')
-  parsers['eval'].add_argument('--data', help='a .txt/.jsonl file to evaluate on instead of the '
-                               'validation split')
-  parsers['eval'].add_argument(
-      '--num_batches', type=int, default=None,
-      help='default: train.eval_batches (a task: all its held-out batches)')
-  data = parsers['data']
+
+
+def _eval_flags(evaluate: argparse.ArgumentParser) -> None:
+  evaluate.add_argument('--data', help='a .txt/.jsonl file to evaluate on instead of the '
+                        'validation split')
+  evaluate.add_argument('--num_batches', type=int, default=None,
+                        help='default: train.eval_batches (a task: all its held-out batches)')
+
+
+def _data_flags(data: argparse.ArgumentParser) -> None:
   data.add_argument('--num_batches', type=int, default=4, help='batches to write')
   data.add_argument('--out', help='.npz file for the batches')
   data.add_argument('--show', type=int, default=0, help='print K decoded examples')
-  export = parsers['export']
+
+
+def _export_flags(export: argparse.ArgumentParser) -> None:
   export.add_argument('--out', required=True,
                       help='the Hugging Face folder to write, outside the workdir')
   export.add_argument('--step', type=int, default=None, help='checkpoint step; default: the latest')
-  infer = parsers['infer']
+
+
+def _infer_flags(infer: argparse.ArgumentParser) -> None:
   infer.add_argument('--input', action='append', default=[], help='a text to decode; repeatable')
   infer.add_argument('--input_file', help='one input per line (.jsonl: a field of each line)')
   infer.add_argument('--input_key', default='input', help='the field of .jsonl inputs')
@@ -211,8 +228,13 @@ def parser() -> argparse.ArgumentParser:
   infer.add_argument('--alpha', type=float, default=0.6,
                      help='beam length penalty ((5 + length) / 6)**alpha')
   infer.add_argument('--seed', type=int, default=0, help='sampling seed')
-  parsers['import-hf'].add_argument('--hf', required=True, help='a Hugging Face T5 folder')
-  finetune = parsers['finetune']
+
+
+def _import_hf_flags(import_hf: argparse.ArgumentParser) -> None:
+  import_hf.add_argument('--hf', required=True, help='a Hugging Face T5 folder')
+
+
+def _finetune_flags(finetune: argparse.ArgumentParser) -> None:
   finetune.add_argument('--from', dest='pretrained', help='a pretrained workdir')
   finetune.add_argument('--hf', help='or a Hugging Face T5 folder to start from')
   finetune.add_argument('--random_init', action='store_true',
@@ -220,19 +242,28 @@ def parser() -> argparse.ArgumentParser:
   finetune.add_argument('--task', help='sentiment, or a .tsv/.jsonl task file')
   finetune.add_argument('--inputs_key', default='input', help='column of inputs')
   finetune.add_argument('--targets_key', default='target', help='column of targets')
-  plan = parsers['plan']
+
+
+def _plan_flags(plan: argparse.ArgumentParser) -> None:
   plan.add_argument('--topology', required=True,
                     help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
   plan.add_argument('--mfu', type=float, default=0.4,
                     help='model FLOPs utilisation assumed for the step time')
   plan.add_argument('--analytic', action='store_true',
                     help='skip compiling; estimate memory analytically only')
-  tokenizer = parsers['tokenizer']
+
+
+def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
   tokenizer.add_argument('--input', required=True, nargs='+', help='text files')
   tokenizer.add_argument('--vocab_size', type=int, default=8000,
                          help='SentencePiece pieces, before the 100 sentinels')
   tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
-  return top
+
+
+# Each command's own flags; --config, --workdir and --overwrite are added in `parser`.
+COMMAND_FLAGS = {'train': _train_flags, 'eval': _eval_flags, 'data': _data_flags,
+                 'export': _export_flags, 'infer': _infer_flags, 'import-hf': _import_hf_flags,
+                 'finetune': _finetune_flags, 'plan': _plan_flags, 'tokenizer': _tokenizer_flags}
 
 
 WORKDIR_HELP = {
@@ -293,7 +324,8 @@ def quiet_libraries() -> None:
   """Keeps stderr for t5lite's own lines: TensorFlow's start-up banner (written by its C++ logging
   while it is imported, whatever TF_CPP_MIN_LOG_LEVEL says), orbax's tracebacks of a failed save
   (the error reaches the command, which says it in one line) and Python's "Exception ignored"
-  reports of coroutines a failed restore abandoned. T5LITE_DEBUG=1 keeps them all."""
+  reports of coroutines a failed restore abandoned, and the "never awaited" warnings of the writes
+  a failed save abandoned (issued at exit). T5LITE_DEBUG=1 keeps them all."""
   global _quiet
   if _quiet:  # once per process (tests call main() again and again)
     return
@@ -313,6 +345,7 @@ def quiet_libraries() -> None:
   logging.getLogger('absl').addFilter(lambda record: '/orbax/' not in record.pathname)
   logging.getLogger('asyncio').disabled = True  # orbax's abandoned writes after a failed save
   sys.unraisablehook = lambda unraisable: None
+  warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)
 
 
 _quiet = False

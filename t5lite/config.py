@@ -31,10 +31,14 @@ BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-1
 
 def base_config() -> ml_collections.ConfigDict:
   """Defaults shared by all presets: T5 span-corruption pretraining with Adafactor."""
-  config = ml_collections.ConfigDict()
-  config.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+  return ml_collections.ConfigDict(dict(
+      model=dataclasses.asdict(ModelConfig()), data=_data_defaults(), train=_train_defaults(),
+      **_optim_mesh_checkpoint_defaults()))
 
-  config.data = data = ml_collections.ConfigDict()
+
+def _data_defaults() -> ml_collections.ConfigDict:
+  """What is read and how it is turned into batches."""
+  data = ml_collections.ConfigDict()
   data.source = 'bundled'  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
@@ -52,8 +56,17 @@ def base_config() -> ml_collections.ConfigDict:
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
+  # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and
+  # target texts, and its columns / JSON keys; '' pretrains on `source`.
+  data.task = ''
+  data.inputs_key = 'input'
+  data.targets_key = 'target'
+  return data
 
-  config.train = train = ml_collections.ConfigDict()
+
+def _train_defaults() -> ml_collections.ConfigDict:
+  """The step loop, the loss and distillation."""
+  train = ml_collections.ConfigDict()
   train.steps = 10_000
   train.microbatches = 1  # gradient accumulation: batch_size is split into this many
   train.seed = 0  # parameter initialisation and dropout
@@ -73,8 +86,12 @@ def base_config() -> ml_collections.ConfigDict:
   train.distill_alpha = 0.5  # weight of the hard-label loss; 1 - alpha weighs T^2 KL to teacher
   train.distill_temperature = 2.0  # T: both softmaxes are taken of logits / T
   train.distill_hidden_weight = 0.0  # cosine loss between final hidden states (same d_model)
+  return train
 
-  config.optim = optim = ml_collections.ConfigDict()
+
+def _optim_mesh_checkpoint_defaults() -> dict[str, ml_collections.ConfigDict]:
+  """The optimizer, the device mesh and its sharding rules, and checkpointing."""
+  optim = ml_collections.ConfigDict()
   optim.name = 'adafactor'  # adafactor | adamw | adamw_scaled (nanoT5)
   optim.schedule = 'rsqrt'  # rsqrt (T5) | cosine | constant
   optim.learning_rate = 0.01  # peak, or the constant of T5's rsqrt schedule
@@ -82,17 +99,23 @@ def base_config() -> ml_collections.ConfigDict:
   optim.weight_decay = 0.0
   optim.clip_grad_norm = 1.0  # 0 disables
 
-  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh = ml_collections.ConfigDict()
   mesh.data = -1  # -1: the devices the other axes leave
   mesh.fsdp = 1
   mesh.tensor = 1
+  # Logical axis -> the mesh axes it is split over ('data,fsdp' for two, '' replicated), as
+  # MaxText's logical_axis_rules: parameters are sharded over fsdp and tensor, batches over data
+  # and fsdp. `--config.mesh.rules.embed=` replicates the d_model dimension of every parameter.
+  mesh.rules = ml_collections.ConfigDict(dict(
+      batch='data,fsdp', embed='fsdp', mlp='tensor', heads='tensor', vocab='tensor', kv='',
+      length='', layers='', relpos_buckets=''))
 
-  config.checkpoint = ckpt = ml_collections.ConfigDict()
+  ckpt = ml_collections.ConfigDict()
   ckpt.every_steps = 1000
   ckpt.keep = 3  # the last N
   ckpt.keep_period = 0  # also keep every K-th step forever; 0 keeps none
   ckpt.async_save = True
-  return config
+  return dict(optim=optim, mesh=mesh, checkpoint=ckpt)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -144,7 +167,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('data.mean_noise_span_length', data.mean_noise_span_length)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
-  if train.eval_every and data.validation_fraction == 0 and 'task' not in data:
+  if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
 

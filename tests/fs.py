@@ -19,6 +19,13 @@ def snapshot(directory) -> dict[str, str]:
   return found
 
 
+def changes(before: dict[str, str], after: dict[str, str]) -> str:
+  """What differs between two snapshots, for a failing assertion's message."""
+  added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
+  changed = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
+  return f'added {added}, removed {removed}, changed {changed}'
+
+
 @contextlib.contextmanager
 def acting_as(user):
   """Root ignores file modes: a root test acts meanwhile as `user`, for whom they hold."""

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from t5lite import cli
-from t5lite.train import workdir as workdir_lib
-from tests.fs import snapshot
+from t5lite.train import run as run_lib
+from tests.fs import changes, snapshot
 from tests.texts import keyword_task, random_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,6 +281,10 @@ def mistakes() -> list[Case]:
            'data.noise_density', 'new'),
       Case('train-mesh-tensor-zero', lambda s: s.train_new('--config.mesh.tensor=0'),
            'mesh.tensor', 'new'),
+      Case('train-mesh-rule-names-no-axis',
+           lambda s: s.train_new('--config.mesh.rules.mlp=model'), 'mesh.rules.mlp', 'new'),
+      Case('train-with-a-fine-tuning-task',
+           lambda s: s.train_new('--config.data.task=sentiment'), 'data.task', 'new'),
       Case('train-vocab-size-smaller-than-vocabulary',
            lambda s: s.train_new('--config.model.vocab_size=4096'), 'model.vocab_size', 'new'),
       # train: what the run reads.
@@ -821,8 +825,9 @@ def test_a_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(
   assert complete, f'no complete checkpoint; stderr:\n{done.stderr[-4000:]}'
   assert complete[-1] < 20, 'the disk never filled up: make DISK_MIB smaller'
   config = cli.load_run_config(types.SimpleNamespace(workdir=workdir), [])
+  run = run_lib.make_run(config)
   for step in complete:
-    restored, _, params, _, _ = workdir_lib.restore_params(config, workdir, step)
+    restored, params = run.restore_params(workdir, step)
     assert restored == step
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(params)), step
 

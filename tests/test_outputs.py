@@ -15,7 +15,7 @@ from t5lite import outputs
 from t5lite.data import pipeline
 from t5lite.data import sources
 from t5lite.data import vocabulary
-from t5lite.train import workdir as workdir_lib
+from t5lite.train import run as run_lib
 from tests.train.test_loop import ROOT, train
 from tests.fs import snapshot
 
@@ -196,7 +196,7 @@ def no_work(monkeypatch):
   """The expensive steps, which a refused command must not reach."""
   def expensive(*args, **kwargs):
     raise AssertionError('expensive work began before the output was checked')
-  monkeypatch.setattr(workdir_lib, 'restore_params', expensive)
+  monkeypatch.setattr(run_lib, 'make_run', expensive)
   monkeypatch.setattr(pipeline, 'make_pipeline', expensive)
   monkeypatch.setattr(sources, 'read_documents', expensive)
 

@@ -133,12 +133,18 @@ def per_process_batch(batch_size: int, process_index: int, process_count: int) -
   return batch_size // process_count
 
 
-def _start_position(start, process_index: int, process_count: int, streamed: bool) -> dict:
-  """The position to start from, checked against how this pipeline addresses its data."""
+def own_position(start: int | dict | list, process_index: int) -> dict:
+  """This process's position to start from. Every batch iterator's `state()` is one JSON dict:
+  `batch`, the global batches consumed, plus its own cursor (a streamed source's block and row, a
+  task's epoch and row); a checkpoint saves one per process, as a list. A number is a batch."""
   if isinstance(start, (list, tuple)):
     start = start[process_index]
-  if isinstance(start, (int, np.integer)):
-    start = {'batch': int(start)}
+  return {'batch': int(start)} if isinstance(start, (int, np.integer)) else dict(start)
+
+
+def _start_position(start, process_index: int, process_count: int, streamed: bool) -> dict:
+  """The position to start from, checked against how this pipeline addresses its data."""
+  start = own_position(start, process_index)
   position = {'batch': int(start['batch'])}
   if not streamed:
     return position

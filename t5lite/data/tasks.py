@@ -215,15 +215,13 @@ class TaskPipeline:
                start: int | dict | list = 0):
     self._task, self._batch_size = task, batch_size
     self._share = process_share(batch_size, process_index, process_count)
-    if isinstance(start, (list, tuple)):
-      start = start[process_index]
-    if isinstance(start, dict) and 'epoch' in start:
+    start = pipeline.own_position(start, process_index)
+    if 'epoch' in start:
       self._position = {k: int(start[k]) for k in ('batch', 'epoch', 'row')}
     else:  # a batch number: walk the epochs' rows up to it
-      batch = int(start['batch'] if isinstance(start, dict) else start)
       self._position = {'batch': 0, 'epoch': 0, 'row': 0}
-      self._take(batch * batch_size)
-      self._position['batch'] = batch
+      self._take(start['batch'] * batch_size)
+      self._position['batch'] = start['batch']
 
   def __iter__(self):
     return self

@@ -19,10 +19,10 @@ from t5lite.objectives import losses
 
 
 class Teacher(NamedTuple):
-  """A frozen model for distillation, restored from another workdir (`loop.load_teacher`)."""
+  """A frozen model for distillation, restored from another workdir (`Run.load_teacher`)."""
   cfg: ModelConfig
   graphdef: Any
-  rest: Any
+  non_params: Any
   params: Any  # nnx.State of arrays (or of ShapeDtypeStructs, for planning) in their shardings
 
 
@@ -50,7 +50,7 @@ def loss(objective: base.Objective, model_cfg: ModelConfig, train_cfg,
                               base.dropout_rngs(model_cfg, key, train))
     # copy=True: `frozen_params`' Variables belong to the step's trace; under jax.grad's, nnx's
     # scanned layers would refuse them
-    teacher_model = nnx.merge(teacher.graphdef, frozen_params, teacher.rest, copy=True)
+    teacher_model = nnx.merge(teacher.graphdef, frozen_params, teacher.non_params, copy=True)
     teacher_logits, teacher_hidden = jax.lax.stop_gradient(
         _forward(teacher_model, batch, last_stack if hidden_weight else None, None))
     targets, weights = batch[targets_name], batch[weights_name]

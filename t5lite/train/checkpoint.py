@@ -7,14 +7,22 @@ how a run saved on one mesh resumes on another.
 """
 
 import contextlib
+import dataclasses
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
 from t5lite import paths
+from t5lite.models.config import ModelConfig
 
 ITEMS = ('state', 'data', 'config')
+
+# Model settings that change parameter shapes: a checkpoint cannot move across them.
+STRUCTURAL = ('arch', 'vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_encoder_layers',
+              'num_decoder_layers', 'activation', 'position', 'relative_buckets',
+              'tie_embeddings', 'embed_norm', 'next_sentence', 'use_bias', 'norm', 'scan_layers',
+              'max_length')
 
 # Orbax warns on every read-only open, which `t5lite eval` and `export` always are.
 logging.get_absl_logger().addFilter(
@@ -72,6 +80,13 @@ class Checkpointer:
 
   def saved_config(self, step: int) -> dict:
     return self._restore(step, config=ocp.args.JsonRestore())['config']
+
+  def check_model(self, step: int, config) -> None:
+    """Refuses to restore a checkpoint of another architecture instead of failing inside orbax."""
+    diffs = structural_diffs(self.saved_config(step)['model'], config.model.to_dict())
+    if diffs:
+      raise ValueError(f'{self.directory} holds a checkpoint of another model '
+                       f'({", ".join(diffs)}); use a new --workdir')
 
   def restore(self, step: int, abstract_state):
     """(state, data position) at `step`, placed by the shardings on `abstract_state`'s leaves.
@@ -133,3 +148,11 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def structural_diffs(saved: dict, model: dict) -> list[str]:
+  """'d_ff 128 vs 256' for each STRUCTURAL setting where `model` differs from `saved`; a setting
+  an older run did not save has today's default."""
+  saved = {**dataclasses.asdict(ModelConfig()), **saved}
+  return [f'{k} {saved.get(k)} vs {v}' for k, v in model.items()
+          if k in STRUCTURAL and saved.get(k) != v]

@@ -1,4 +1,4 @@
-"""The training loop: build the mesh and state, resume if the workdir has a checkpoint, step.
+"""The training loop: build the run, resume if the workdir has a checkpoint, step.
 
 `train(config, workdir)` is the whole run, written as a handful of small functions. Nothing in
 the loop waits on the device except at log, eval and save points: metrics stay on device until
@@ -8,7 +8,6 @@ batches are already on the devices while a step runs (`DeviceBatches`).
 
 import collections
 import contextlib
-import dataclasses
 import json
 import time
 from typing import Callable, NamedTuple
@@ -17,28 +16,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
-from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from t5lite import config as config_lib
-from t5lite import objectives
 from t5lite import outputs
 from t5lite import paths
 from t5lite.data import pipeline
-from t5lite.data import vocabulary
-from t5lite.models.config import ModelConfig
-from t5lite.objectives import distillation
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
 from t5lite.train import lock as lock_lib
-from t5lite.train import mesh as mesh_lib
-from t5lite.train import optim
 from t5lite.train import preemption
+from t5lite.train import run as run_lib
 from t5lite.train import state as state_lib
-from t5lite.train import step as step_lib
 from t5lite.train.metrics import MetricWriter, console_line
 
 
@@ -52,29 +42,6 @@ def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
       paths.write_text(folder / 'config.json', json.dumps(config.to_dict(), indent=2))
   except OSError as error:
     raise ValueError(f'cannot write to workdir {workdir}: {error.strerror or error}') from None
-
-
-def check_same_model(checkpointer, step: int, config: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a checkpoint of another architecture instead of failing inside orbax."""
-  diffs = structural_diffs(checkpointer.saved_config(step)['model'], config.model.to_dict())
-  if diffs:
-    raise ValueError(f'{checkpointer.directory} holds a checkpoint of another model '
-                     f'({", ".join(diffs)}); use a new --workdir')
-
-
-def structural_diffs(saved: dict, model: dict) -> list[str]:
-  """'d_ff 128 vs 256' for each STRUCTURAL setting where `model` differs from `saved`; a setting
-  an older run did not save has today's default."""
-  saved = {**dataclasses.asdict(ModelConfig()), **saved}
-  return [f'{k} {saved.get(k)} vs {v}' for k, v in model.items()
-          if k in STRUCTURAL and saved.get(k) != v]
-
-
-# Model settings that change parameter shapes: a checkpoint cannot move across them.
-STRUCTURAL = ('arch', 'vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_encoder_layers',
-              'num_decoder_layers', 'activation', 'position', 'relative_buckets',
-              'tie_embeddings', 'embed_norm', 'next_sentence', 'use_bias', 'norm', 'scan_layers',
-              'max_length')
 
 
 def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
@@ -92,25 +59,6 @@ def evaluate(eval_step, loss, params, batches, num_batches: int, sharding) -> di
     sums = eval_step(params, global_batch(next(batches), sharding), loss.frozen_params)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return {f'eval_{k}': float(v) for k, v in loss.metrics(jax.device_get(totals)).items()}
-
-
-def setup(config: ml_collections.ConfigDict):
-  """Everything a run needs before its first step, checked before anything compiles."""
-  config_lib.validate(config)
-  model_cfg = config_lib.model_config(config)
-  vocab_size = vocabulary.load_vocabulary(config.data.vocabulary).vocab_size
-  if vocab_size > model_cfg.vocab_size:
-    raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
-                     f'{vocab_size} ids of data.vocabulary={config.data.vocabulary!r}')
-  objectives.for_run(config, model_cfg)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  mesh_lib.check_divisibility(model_cfg, config.data, mesh,
-                              microbatches=config.train.microbatches)
-  optimizer = optim.make_optimizer(config.optim, config.train.steps,
-                                   logical_axes=state_lib.param_axes(model_cfg))
-  schedule = optim.make_schedule(config.optim, config.train.steps)
-  rules = mesh_lib.DEFAULT_RULES
-  return model_cfg, mesh, rules, optimizer, schedule
 
 
 class Inputs(NamedTuple):
@@ -136,50 +84,44 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   and stopped early, on SIGTERM, Ctrl-C or a preemption notice).
 
   Everything the run depends on is checked before the workdir is written: the config, the
-  teacher, the checkpoint it resumes (read, not opened for writing), the first training batch and
-  a held-out one. Only then does the run lock the workdir (`command` names it to a second run)
-  and record its config.
+  teacher, the checkpoint it resumes (read, not opened for writing), the first training batch, a
+  held-out one and the compiled step. Only then does the run lock the workdir (`command` names
+  it to a second run) and record its config.
 
   Pretraining by default; fine-tuning composes the same run from `inputs` (a task's batches),
   `init_params()` (the parameters a new run starts from instead of a random init) and
-  `keep_best` (see `run_steps`; closed at the end of the run).
+  `keep_best(step, state, eval_metrics)`, called after each evaluation (fine-tuning keeps its
+  best checkpoint there; closed at the end of the run).
   """
   inputs = inputs or pretraining_inputs(config)
-  model_cfg, mesh, rules, optimizer, schedule = setup(config)
+  run = run_lib.make_run(config)
   check_place(workdir, config)
-  teacher = (load_teacher(config, model_cfg, mesh, rules)
-             if config.train.teacher_workdir else None)
+  teacher = run.load_teacher() if config.train.teacher_workdir else None
   reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
   latest = reader.latest_step()
   if latest is not None:
-    check_same_model(reader, latest, config)
+    reader.check_model(latest, config)
     if latest >= config.train.steps:  # a finished job run again: no mistake, nothing to write
       if jax.process_index() == 0:
         print(f'{workdir} is at step {latest} already, config.train.steps='
               f'{config.train.steps}: nothing to train', flush=True)
       reader.close()
       return {'step': latest, 'finished': True}
-  # measures the CPU's matmul rate: before the mesh
-  rates = throughput_rates(config, model_cfg, None if teacher is None else teacher.cfg)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
-    if latest is None:
-      data_start = 0
-      state = spec.init() if init_params is None else state_lib.from_params(
-          spec, optimizer, init_params(), config.train.seed)
-    else:
-      state, data_position = reader.restore(latest, spec.abstract)
-      data_start = data_position.get('processes') or int(state.step)  # HF imports have none
-      logging.info('resumed from %s at step %d', reader.directory, latest)
+  # measures the CPU's matmul rate: outside the mesh
+  rates = throughput_rates(config, run.model_cfg, None if teacher is None else teacher.cfg)
+  with run.sharding():
+    state, data_start = initial_state(run, reader, latest, init_params)
     reader.close()
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    batches = checked_batches(config, inputs, data_start, batch_sharding)
-    loss = objectives.make_loss(config, model_cfg, teacher, exact_match=inputs.exact_match)
-    train_step = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer, schedule)
-    eval_step = step_lib.jit_eval_step(spec, mesh, loss)
+    batches = checked_batches(config, inputs, data_start, run.batch_sharding)
+    loss = run.loss(teacher, exact_match=inputs.exact_match)
+    train_step, speed = compiled_train_step(run, loss, state, batches.peek(), rates)
+    eval_step = run.jit_eval_step(loss)
 
-    def evaluator(params):  # new held-out batches each time: the same ones
-      return evaluate(eval_step, loss, params, *inputs.held_out(), batch_sharding)
+    def evaluator(step: int, state) -> dict:  # new held-out batches each time: the same ones
+      metrics = evaluate(eval_step, loss, state.params, *inputs.held_out(), run.batch_sharding)
+      if keep_best:
+        keep_best(step, state, metrics)
+      return metrics
 
     if jax.process_index() == 0:  # the run's config, once every check has passed
       print(config, flush=True)
@@ -188,7 +130,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-                         rates, keep_best, loss.frozen_params)
+                         speed)
       finally:
         checkpointer.wait()
         checkpointer.close()
@@ -196,26 +138,33 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
           keep_best.close()  # its last save too is written under the lock
 
 
-def load_teacher(config: ml_collections.ConfigDict, model_cfg: ModelConfig, mesh, rules, *,
-                 restore: bool = True) -> distillation.Teacher:
-  """The latest parameters of `train.teacher_workdir`, read-only, placed on `mesh` by the run's
-  rules; restore=False gives their shapes and shardings alone (`t5lite plan`). Checks first that
-  the teacher can teach this student, with one line if not."""
-  checkpointer = checkpoint_lib.Checkpointer(config.train.teacher_workdir, config.checkpoint,
-                                             read_only=True)
-  try:
-    step = checkpointer.latest_step()
-    if step is None:
-      raise FileNotFoundError(f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
-    saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
-    teacher_cfg = config_lib.model_config(saved)
-    distillation.check_teacher(teacher_cfg, saved.data.vocabulary, model_cfg, config)
-    spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, mesh, rules)
-    params = (checkpointer.restore_params(step, spec.abstract.params) if restore
-              else spec.abstract.params)
-  finally:
-    checkpointer.close()
-  return distillation.Teacher(teacher_cfg, spec.graphdef, spec.rest, params)
+def initial_state(run: run_lib.Run, reader, latest: int | None, init_params):
+  """(the train state a run starts from, the data position to start at): the checkpoint
+  `latest` of `reader`, else `init_params()` or a random init at step 0."""
+  if latest is None:
+    state = run.spec.init() if init_params is None else state_lib.from_params(
+        run.spec, run.optimizer, init_params(), run.config.train.seed)
+    return state, 0
+  state, data_position = reader.restore(latest, run.spec.abstract)
+  logging.info('resumed from %s at step %d', reader.directory, latest)
+  return state, data_position.get('processes') or int(state.step)  # HF imports have none
+
+
+class Speed(NamedTuple):
+  """What the console's speed numbers are made of: a step of s seconds runs
+  tokens_per_step / s tokens per second, at an MFU of peak_fraction_per_second / s."""
+  compile_seconds: float
+  tokens_per_step: int
+  peak_fraction_per_second: float
+
+
+def compiled_train_step(run: run_lib.Run, loss, state, batch, rates) -> tuple[Callable, Speed]:
+  """The train step compiled for `state` and `batch` before the workdir is written (a step that
+  cannot compile changes nothing), called as train_step(state, batch)."""
+  start = time.perf_counter()
+  compiled = run.jit_train_step(loss).lower(state, batch, loss.frozen_params).compile()
+  speed = Speed(time.perf_counter() - start, *rates)
+  return lambda state, batch: compiled(state, batch, loss.frozen_params), speed
 
 
 def check_place(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -272,29 +221,25 @@ def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]
   return data_cfg.batch_size * (data_cfg.inputs_length + data_cfg.targets_length), flops / peak
 
 
-def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer, rates,
-              keep_best=None, frozen_params=None) -> dict:
+def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
+              speed: Speed) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
 
   `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved),
-  `evaluator(params)` returns the eval_ metrics, and `keep_best(step, state, metrics)`, if given,
-  sees the state and metrics after each evaluation (fine-tuning keeps its best checkpoint there).
-  `frozen_params` go to every step (see step.py).
+  `train_step(state, batch)` returns the next state and its metrics, and
+  `evaluator(step, state)` the eval_ metrics.
   """
   train_cfg = config.train
   start = int(state.step)
   writer = MetricWriter(workdir, start)
   preempted = preemption.Preempted(start)
-  tokens_per_step, peak_fraction_per_second = rates
   nonfinite = jnp.zeros((), jnp.bool_)
   pending, last, step = [], {}, start
   try:
-    compile_start = time.perf_counter()
-    train_step = train_step.lower(state, batches.peek(), frozen_params).compile()
-    writer.write(start, {'compile_seconds': time.perf_counter() - compile_start})
+    writer.write(start, {'compile_seconds': speed.compile_seconds})
     tic = time.perf_counter()
     while step < train_cfg.steps:
-      state, metrics = train_step(state, next(batches), frozen_params)
+      state, metrics = train_step(state, next(batches))
       step += 1
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
@@ -303,12 +248,10 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
         check_finite(nonfinite, step, checkpointer)
         seconds = (time.perf_counter() - tic) / len(pending)
         last = mean_metrics(pending)
-        last.update(tokens_per_s=tokens_per_step / seconds, step_seconds=seconds,
-                    mfu=peak_fraction_per_second / seconds)
+        last.update(tokens_per_s=speed.tokens_per_step / seconds, step_seconds=seconds,
+                    mfu=speed.peak_fraction_per_second / seconds)
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
-          last.update(evaluator(state.params))
-          if keep_best:
-            keep_best(step, state, last)
+          last.update(evaluator(step, state))
         writer.write(step, last)
         if jax.process_index() == 0:
           print(console_line(step, train_cfg.steps, last, seconds), flush=True)

@@ -3,7 +3,8 @@
 One mesh with axes ('data', 'fsdp', 'tensor'), GSPMD-style (`AxisType.Auto`): parameters and
 batches carry logical names (`embed`, `mlp`, `heads`, ...), a short rule table says which mesh
 axes each name is split over, and XLA inserts the collectives. Same layout idea as MaxText and
-T5X; the rule table is data, so a config can override it.
+T5X; the rule table is `config.mesh.rules`, so a run can change it from the command line
+(`--config.mesh.rules.embed=` replicates the embedding dimension).
 """
 
 import logging
@@ -18,18 +19,19 @@ log = logging.getLogger(__name__)
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
-# Logical axis -> mesh axes (a name, a tuple of names, or None for replicated).
-DEFAULT_RULES = (
-    ('batch', ('data', 'fsdp')),
-    ('embed', 'fsdp'),
-    ('mlp', 'tensor'),
-    ('heads', 'tensor'),
-    ('vocab', 'tensor'),
-    ('kv', None),
-    ('length', None),
-    ('layers', None),
-    ('relpos_buckets', None),
-)
+
+def rule_table(rules_cfg: Mapping[str, str]) -> tuple:
+  """`config.mesh.rules` (logical name -> 'fsdp', 'data,fsdp' or '' for replicated) as the
+  (name, mesh axes) pairs flax and `logical_to_mesh_spec` read; one line for a bad rule."""
+  table = []
+  for logical, text in rules_cfg.items():
+    axes = tuple(a.strip() for a in str(text).split(',') if a.strip())
+    if not set(axes) <= set(MESH_AXES) or len(set(axes)) != len(axes):
+      raise ValueError(f'config.mesh.rules.{logical}={text!r}: give mesh axes of '
+                       f'{", ".join(MESH_AXES)} separated by commas, each once, or \'\' to '
+                       'replicate')
+    table.append((logical, axes[0] if len(axes) == 1 else axes or None))
+  return tuple(table)
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
@@ -68,7 +70,7 @@ def _mesh_axes(logical: str, rules: Mapping) -> tuple[str, ...]:
   return axes
 
 
-def logical_to_mesh_spec(spec: PartitionSpec, mesh: Mesh, rules=DEFAULT_RULES,
+def logical_to_mesh_spec(spec: PartitionSpec, mesh: Mesh, rules,
                          shape: Sequence[int] | None = None) -> PartitionSpec:
   """A PartitionSpec of mesh axes for one PartitionSpec of logical names.
 
@@ -94,7 +96,7 @@ def logical_to_mesh_spec(spec: PartitionSpec, mesh: Mesh, rules=DEFAULT_RULES,
   return PartitionSpec(*out)
 
 
-def logical_to_sharding(logical_specs, mesh: Mesh, rules=DEFAULT_RULES, shapes=None):
+def logical_to_sharding(logical_specs, mesh: Mesh, rules, shapes=None):
   """NamedShardings for a pytree of logical PartitionSpecs (e.g. `t5lite.models.logical_axes`).
 
   Pass `shapes` (the matching tree of arrays or ShapeDtypeStructs, e.g. from `nnx.eval_shape`)
@@ -108,17 +110,17 @@ def logical_to_sharding(logical_specs, mesh: Mesh, rules=DEFAULT_RULES, shapes=N
   return jax.tree.map(to_sharding, *trees, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   """Sharding of input batches: the leading (example) dimension over the `batch` rule's axes."""
   return NamedSharding(mesh, logical_to_mesh_spec(PartitionSpec('batch'), mesh, rules))
 
 
-def batch_shards(mesh: Mesh, rules=DEFAULT_RULES) -> int:
+def batch_shards(mesh: Mesh, rules) -> int:
   """How many ways the `batch` rule splits a global batch on this mesh."""
   return math.prod(mesh.shape[a] for a in _mesh_axes('batch', dict(rules)))
 
 
-def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules=DEFAULT_RULES,
+def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules,
                        microbatches: int = 1) -> None:
   """Refuse, with one line, a batch or model that the mesh cannot split evenly.
 

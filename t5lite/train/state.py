@@ -32,7 +32,7 @@ class TrainState(flax.struct.PyTreeNode):
 class StateSpec:
   """Everything needed to create, restore and step a TrainState on one mesh."""
   graphdef: Any  # the model's structure; merged with params inside the step
-  rest: Any  # the model's non-parameter state (dropout RNG streams), tiny and replicated
+  non_params: Any  # the model's state other than parameters: dropout RNG streams, tiny
   shardings: TrainState  # a NamedSharding per leaf
   abstract: TrainState  # ShapeDtypeStructs carrying those shardings (a restore target)
   init: Callable[[], TrainState]  # jitted: builds the state directly in its shardings
@@ -75,8 +75,8 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
   # Only the RNG streams survive dead-code elimination: no parameter is computed here. Made on
   # the default device, not the mesh: the step closes over it as a constant, and the mesh may be
   # compile-only (a TPU topology) or abstract (`t5lite plan`).
-  rest = jax.jit(lambda: _split(model_cfg, seed)[2])()
-  return StateSpec(graphdef, rest, shardings, abstract, jax.jit(init, out_shardings=shardings))
+  non_params = jax.jit(lambda: _split(model_cfg, seed)[2])()
+  return StateSpec(graphdef, non_params, shardings, abstract, jax.jit(init, out_shardings=shardings))
 
 
 def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params,

@@ -1,5 +1,5 @@
 """The train and eval steps: pure functions of (state, batch, frozen_params), jitted once with
-explicit shardings.
+explicit shardings by `Run.jit_train_step` and `Run.jit_eval_step`.
 
 One step serves every objective: its `Loss` (t5lite/objectives/base.py) maps the model and a
 batch of seqio-named features to summed losses, and says what each sum is divided by. Gradient
@@ -14,9 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
-from t5lite.train import mesh as mesh_lib
 from t5lite.train.state import TrainState
 
 
@@ -29,15 +27,15 @@ def split_microbatches(batch, num_microbatches: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef, rest, loss, train_cfg, optimizer: optax.GradientTransformation,
+def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.GradientTransformation,
                     schedule: optax.Schedule) -> Callable:
   """Returns train_step(state, batch, frozen_params) -> (state, metrics) minimising `loss` (an
-  objective's `Loss`); `rest` is the model's non-param state."""
+  objective's `Loss`); `non_params` is the model's state other than parameters."""
   num_microbatches = train_cfg.microbatches
 
   def grads_and_sums(params, batch, frozen_params, key, denominators):
     def loss_fn(params):
-      model = nnx.merge(graphdef, params, rest)
+      model = nnx.merge(graphdef, params, non_params)
       sums = loss.sums(model, batch, frozen_params, key, train=True)
       return loss.minimised(sums, denominators), sums
     grads, sums = jax.grad(loss_fn, has_aux=True)(params)
@@ -75,30 +73,10 @@ def make_train_step(graphdef, rest, loss, train_cfg, optimizer: optax.GradientTr
 EVAL_KEY = 0
 
 
-def make_eval_step(graphdef, rest, loss) -> Callable:
+def make_eval_step(graphdef, non_params, loss) -> Callable:
   """Returns eval_step(params, batch, frozen_params) -> sums; the caller adds sums over batches,
   then turns them into metrics with `loss.metrics`."""
   def eval_step(params, batch, frozen_params):
-    model = nnx.merge(graphdef, params, rest)
+    model = nnx.merge(graphdef, params, non_params)
     return loss.sums(model, batch, frozen_params, jax.random.PRNGKey(EVAL_KEY), train=False)
   return eval_step
-
-
-def jit_train_step(spec, mesh, loss, train_cfg, optimizer, schedule):
-  """The train step jitted once: state in its own shardings (donated), batch over the batch axes,
-  the loss's frozen parameters where they already are."""
-  return jax.jit(
-      make_train_step(spec.graphdef, spec.rest, loss, train_cfg, optimizer, schedule),
-      in_shardings=(spec.shardings, mesh_lib.batch_sharding(mesh), frozen_shardings(loss)),
-      out_shardings=(spec.shardings, NamedSharding(mesh, PartitionSpec())),
-      donate_argnums=0)
-
-
-def jit_eval_step(spec, mesh, loss):
-  return jax.jit(make_eval_step(spec.graphdef, spec.rest, loss),
-                 in_shardings=(spec.shardings.params, mesh_lib.batch_sharding(mesh),
-                               frozen_shardings(loss)))
-
-
-def frozen_shardings(loss):
-  return jax.tree.map(lambda x: x.sharding, loss.frozen_params)

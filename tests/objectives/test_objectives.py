@@ -13,12 +13,12 @@ from t5lite import cli
 from t5lite import config as config_lib
 from t5lite import models
 from t5lite import objectives
+from t5lite.commands import plan
 from t5lite.data import noise
 from t5lite.data import packing
 from t5lite.data import pipeline
 from t5lite.objectives import base
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, 'configs', 't5_tiny.py')
@@ -62,7 +62,8 @@ def test_plans_abstract_batch_is_what_the_pipeline_feeds(objective):
   data = data_config(objective, batch_size=8).data
   batch = next(pipeline.make_pipeline(data, 'train', process_index=0, process_count=1))
   mesh = mesh_lib.make_mesh(config_lib.load(TINY).mesh, jax.devices()[:1])
-  abstract = plan.abstract_batch(data, mesh_lib.batch_sharding(mesh))
+  abstract = plan.abstract_batch(data, mesh_lib.batch_sharding(
+      mesh, mesh_lib.rule_table(config_lib.base_config().mesh.rules)))
   assert {k: (v.shape, v.dtype) for k, v in abstract.items()} == {
       k: (v.shape, v.dtype) for k, v in batch.items()}
 

@@ -28,7 +28,7 @@ from flax import nnx
 
 from t5lite import cli
 from t5lite.train import checkpoint as checkpoint_lib
-from t5lite.train import workdir as workdir_lib
+from t5lite.train import run as run_lib
 from test_loop import ROOT, SMALL, metrics, saved_params, train
 from tests.fs import acting_as, snapshot
 
@@ -212,7 +212,7 @@ def copy_until(workdir, step: int, destination) -> str:
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
-  """restore_params' nnx.State as test_loop.saved_params names it."""
+  """Run.restore_params' nnx.State as test_loop.saved_params names it."""
   leaves = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))[0]
   return {'/' + '/'.join(str(key.key) for key in path) + '/value': np.asarray(leaf)
           for path, leaf in leaves}
@@ -231,10 +231,10 @@ RESTORE_ON_ONE_DEVICE = '''
 import sys, types
 import jax, numpy as np
 from t5lite import cli
-from t5lite.train import workdir as workdir_lib
+from t5lite.train import run as run_lib
 workdir, out, *mesh = sys.argv[1:]
 config = cli.load_run_config(types.SimpleNamespace(workdir=workdir), mesh)
-_, _, params, _, _ = workdir_lib.restore_params(config, workdir, step=2)
+_, params = run_lib.make_run(config).restore_params(workdir, step=2)
 assert jax.device_count() == 1
 np.savez(out, *jax.device_get(jax.tree.leaves(params)))
 sys.exit(cli.main(['train', f'--workdir={workdir}', *mesh, '--config.train.steps=3']))
@@ -245,7 +245,9 @@ def test_restore_onto_other_meshes_is_exact_and_training_goes_on(trained_222, tm
   """Saved on 8 devices as 2x2x2; restored on them as 4x2x1, and in a process of 1 device that
   then trains on from step 2."""
   config = cli.load_run_config(types.SimpleNamespace(workdir=trained_222), MESH_421)
-  _, _, params, mesh, _ = workdir_lib.restore_params(config, trained_222, step=2)
+  run = run_lib.make_run(config)
+  _, params = run.restore_params(trained_222, step=2)
+  mesh = run.mesh
   assert dict(mesh.shape) == {'data': 4, 'fsdp': 2, 'tensor': 1}
   assert all(leaf.sharding.mesh.shape == mesh.shape for leaf in jax.tree.leaves(params))
   restored, saved = flat_params(params), saved_params(trained_222, 2)

@@ -9,18 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from t5lite import config as config_lib
-from t5lite import objectives
 from t5lite.objectives import distillation, losses
-from t5lite.train import mesh as mesh_lib
-from t5lite.train import plan
+from t5lite.commands import plan
 from t5lite.train import state as state_lib
-from t5lite.train import step as step_lib
 
 from test_loop import SMALL, metrics, train
-from test_step import small_config, synthetic_batch
+from test_step import small_config, small_run, synthetic_batch
 
 
 def softmax(x):
@@ -68,19 +64,14 @@ def test_two_microbatches_with_a_teacher_equal_one_big_batch():
     config = small_config(microbatches=microbatches)
     config.model.update(num_encoder_layers=1, num_decoder_layers=1)
     config.train.distill_hidden_weight = 1.0
-    model_cfg = config_lib.model_config(config)
-    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
-    rules, optimizer = mesh_lib.DEFAULT_RULES, optax.adamw(1e-2)
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, rules)
-      teacher_spec = state_lib.state_spec(model_cfg, optax.identity(), 1, mesh, rules)
-      teacher = distillation.Teacher(model_cfg, teacher_spec.graphdef, teacher_spec.rest,
-                                     teacher_spec.init().params)
-      loss = distillation.loss(objectives.get('span_corruption'), model_cfg, config.train,
-                               teacher)
-      step = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer,
-                                     optax.constant_schedule(1e-2))
-      state, out = spec.init(), []
+    run = small_run(config)
+    teacher_spec = state_lib.state_spec(run.model_cfg, optax.identity(), 1, run.mesh, run.rules)
+    with run.sharding():
+      teacher = distillation.Teacher(run.model_cfg, teacher_spec.graphdef,
+                                     teacher_spec.non_params, teacher_spec.init().params)
+      loss = run.loss(teacher)
+      step = run.jit_train_step(loss)
+      state, out = run.spec.init(), []
       for i in range(2):
         state, metrics = step(state, synthetic_batch(i), loss.frozen_params)
         out.append([float(metrics[k]) for k in ('loss', 'soft_loss', 'hidden_loss')])

@@ -5,11 +5,16 @@ import logging
 import jax
 import jax.numpy as jnp
 import pytest
+from flax.core import spmd
 from jax.sharding import AxisType, PartitionSpec as P
 
+from t5lite import config as config_lib
 from t5lite.config import base_config
 from t5lite.models.config import ModelConfig
 from t5lite.train import mesh as mesh_lib
+from t5lite.train import run as run_lib
+
+RULES = mesh_lib.rule_table(base_config().mesh.rules)
 
 
 def make(data=-1, fsdp=1, tensor=1, devices=None):
@@ -49,7 +54,7 @@ def test_parameter_layout_on_2x2x2():
       'stacked': P('layers', 'embed', 'mlp'),
       'lm_head': P('embed', 'vocab'),
   }
-  shardings = mesh_lib.logical_to_sharding(specs, mesh)
+  shardings = mesh_lib.logical_to_sharding(specs, mesh, RULES)
   assert {k: s.spec for k, s in shardings.items()} == {
       'wi': P('fsdp', 'tensor'),
       'wo': P('tensor', 'fsdp'),
@@ -66,7 +71,7 @@ def test_parameter_layout_on_2x2x2():
 
 def test_activations_use_each_mesh_axis_once():
   mesh = make(2, 2, 2)
-  spec = mesh_lib.logical_to_mesh_spec(P('batch', 'length', 'embed'), mesh)
+  spec = mesh_lib.logical_to_mesh_spec(P('batch', 'length', 'embed'), mesh, RULES)
   assert spec == P(('data', 'fsdp'), None, None)
 
 
@@ -76,26 +81,61 @@ def test_dims_that_do_not_divide_are_replicated(caplog):
   shapes = {'q': jax.ShapeDtypeStruct((512, 6, 64), jnp.float32),  # T5 v1.1 small: 6 heads
             'wi': jax.ShapeDtypeStruct((512, 1024), jnp.float32)}
   with caplog.at_level(logging.WARNING):
-    shardings = mesh_lib.logical_to_sharding(specs, mesh, shapes=shapes)
+    shardings = mesh_lib.logical_to_sharding(specs, mesh, RULES, shapes=shapes)
   assert shardings['q'].spec == P('fsdp', None, None)  # heads replicated
   assert shardings['wi'].spec == P('fsdp', 'tensor')
   assert 'size 6 does not divide' in caplog.text
 
 
-def test_rules_can_be_overridden_and_must_cover_every_name():
+def test_rules_come_from_the_config_and_must_cover_every_name():
   mesh = make(2, 2, 2)
-  rules = dict(mesh_lib.DEFAULT_RULES, embed=None, vocab=('fsdp', 'tensor'))
+  config = base_config()
+  config_lib.override(config, ['--config.mesh.rules.embed=',
+                               '--config.mesh.rules.vocab=fsdp,tensor'])
+  rules = mesh_lib.rule_table(config.mesh.rules)
   shardings = mesh_lib.logical_to_sharding({'emb': P('vocab', 'embed')}, mesh, rules)
   assert shardings['emb'].spec == P(('fsdp', 'tensor'), None)
   with pytest.raises(ValueError, match="logical axis 'expert' has no sharding rule"):
-    mesh_lib.logical_to_sharding({'w': P('expert', 'embed')}, mesh)
+    mesh_lib.logical_to_sharding({'w': P('expert', 'embed')}, mesh, rules)
   with pytest.raises(ValueError, match=r"the rule for 'mlp' names mesh axes \('model',\)"):
     mesh_lib.logical_to_sharding({'w': P('mlp')}, mesh, dict(rules, mlp='model'))
 
 
+@pytest.mark.parametrize('rule', ['model', 'fsdp,fsdp', 'data,tensors'])
+def test_a_rule_naming_no_mesh_axis_is_one_line(rule):
+  config = base_config()
+  config.mesh.rules.mlp = rule
+  with pytest.raises(ValueError, match=f"config.mesh.rules.mlp='{rule}': give mesh axes of "
+                                       'data, fsdp, tensor') as error:
+    mesh_lib.rule_table(config.mesh.rules)
+  assert '\n' not in str(error.value)
+
+
+def test_a_run_shards_its_parameters_and_batches_by_the_configs_rules():
+  """t5_tiny on 2x2x2: by default the embedding is split over vocab (tensor) and d_model (fsdp);
+  with embed replicated and the batch over data alone, neither fsdp split remains."""
+  def run_of(*overrides):
+    config = config_lib.load('configs/t5_tiny.py')
+    config_lib.override(config, ['--config.mesh.data=2', '--config.mesh.fsdp=2',
+                                 '--config.mesh.tensor=2', '--config.data.batch_size=8',
+                                 *overrides])
+    return run_lib.make_run(config)
+
+  default, custom = run_of(), run_of('--config.mesh.rules.embed=',
+                                     '--config.mesh.rules.batch=data')
+  embedding = lambda run: run.spec.shardings.params['embed']['embedding'].value.spec
+  assert embedding(default) == P('tensor', 'fsdp')
+  assert embedding(custom) == P('tensor', None)
+  assert default.batch_sharding.spec == P(('data', 'fsdp'))
+  assert custom.batch_sharding.spec == P('data')
+  # The rules are in force while the model is traced: its activation constraints read them.
+  with custom.sharding():
+    assert dict(spmd.get_logical_axis_rules())['batch'] == 'data'
+
+
 def test_batch_sharding_splits_examples_over_data_and_fsdp():
   mesh = make(2, 2, 2)
-  sharding = mesh_lib.batch_sharding(mesh)
+  sharding = mesh_lib.batch_sharding(mesh, RULES)
   assert sharding.spec == P(('data', 'fsdp'))
   batch = jax.device_put(jnp.zeros((8, 5), jnp.int32), sharding)
   assert {shard.data.shape for shard in batch.addressable_shards} == {(2, 5)}
@@ -104,11 +144,11 @@ def test_batch_sharding_splits_examples_over_data_and_fsdp():
 def test_check_divisibility():
   data = base_config().data
   small = ModelConfig(num_heads=6, d_ff=1024)  # T5 v1.1 small
-  mesh_lib.check_divisibility(small, data, make(4, 1, 2))
+  mesh_lib.check_divisibility(small, data, make(4, 1, 2), RULES)
   with pytest.raises(ValueError, match=r'model.num_heads=6 is not divisible by mesh.tensor=4'):
-    mesh_lib.check_divisibility(small, data, make(2, 1, 4))
+    mesh_lib.check_divisibility(small, data, make(2, 1, 4), RULES)
   with pytest.raises(ValueError, match=r'model.d_ff=1020 .* mesh.tensor=8'):
-    mesh_lib.check_divisibility(ModelConfig(num_heads=8, d_ff=1020), data, make(1, 1, 8))
+    mesh_lib.check_divisibility(ModelConfig(num_heads=8, d_ff=1020), data, make(1, 1, 8), RULES)
   data.batch_size = 12
   with pytest.raises(ValueError, match=r'data.batch_size=12 .* mesh.data\*mesh.fsdp=8'):
-    mesh_lib.check_divisibility(small, data, make(4, 2, 1))
+    mesh_lib.check_divisibility(small, data, make(4, 2, 1), RULES)

@@ -177,7 +177,8 @@ def test_view_statistics_follow_the_kept_param_dims():
             'square': jax.ShapeDtypeStruct((256, 4, 64), jnp.float32)}
   axes = {'q': P('embed', 'heads', 'kv'), 'wi': P('embed', 'mlp'),
           'square': P('embed', 'heads', 'kv')}
-  param_shardings = mesh_lib.logical_to_sharding(axes, mesh, shapes=params)
+  rules = mesh_lib.rule_table(config_lib.base_config().mesh.rules)
+  param_shardings = mesh_lib.logical_to_sharding(axes, mesh, rules, shapes=params)
   replicated = jax.sharding.NamedSharding(mesh, P())
 
   def specs(name, logical_axes):

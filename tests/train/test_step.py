@@ -7,11 +7,10 @@ from flax import nnx
 
 from t5lite import config as config_lib
 from t5lite import objectives
+from t5lite.commands import plan
 from t5lite.models import build
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import optim
-from t5lite.train import plan
-from t5lite.train import state as state_lib
+from t5lite.train import run as run_lib
 from t5lite.train import step as step_lib
 
 BATCH, INPUTS, TARGETS, VOCAB = 8, 32, 8, 256
@@ -41,21 +40,22 @@ def synthetic_batch(seed: int) -> dict:
               decoder_loss_weights=(targets > 0).astype(np.int32))
 
 
-def train(config, num_steps=5):
-  """(losses, final params) of `num_steps` steps on the synthetic batches."""
-  model_cfg = config_lib.model_config(config)
+def small_run(config) -> run_lib.Run:
+  """The run of `config` on a mesh of the first devices, as many as config.mesh asks for, fed
+  synthetic batches."""
   sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:int(np.prod(sizes))])
-  optimizer = optim.make_optimizer(config.optim, 100)
-  schedule = optim.make_schedule(config.optim, 100)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.DEFAULT_RULES):
-    spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, mesh_lib.DEFAULT_RULES)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    step = step_lib.jit_train_step(spec, mesh, objectives.make_loss(config, model_cfg),
-                                   config.train, optimizer, schedule)
-    state, losses = spec.init(), []
+  return run_lib.make_run(config, mesh, reads_text=False)
+
+
+def train(config, num_steps=5):
+  """(losses, final params) of `num_steps` steps on the synthetic batches."""
+  run = small_run(config)
+  with run.sharding():
+    step = run.jit_train_step(run.loss())
+    state, losses = run.spec.init(), []
     for i in range(num_steps):
-      batch = {k: jax.device_put(v, batch_sharding) for k, v in synthetic_batch(i).items()}
+      batch = {k: jax.device_put(v, run.batch_sharding) for k, v in synthetic_batch(i).items()}
       state, metrics = step(state, batch, None)
       losses.append(float(metrics['loss']))
   return losses, state.params
@@ -126,7 +126,7 @@ def test_chunked_loss_sums_and_gradients_for_every_arch(arch, tie_embeddings):
                       num_decoder_layers=1)
   config.train.label_smoothing = 0.1
   model_cfg = config_lib.model_config(config)
-  graphdef, params, rest = nnx.split(build(model_cfg, nnx.Rngs(0)), nnx.Param, ...)
+  graphdef, params, non_params = nnx.split(build(model_cfg, nnx.Rngs(0)), nnx.Param, ...)
   batch = synthetic_batch(0)
   if arch == 'encoder':  # MLM's features: the encoder predicts the decoder's targets here
     batch = dict(encoder_input_tokens=batch['decoder_input_tokens'],
@@ -137,7 +137,7 @@ def test_chunked_loss_sums_and_gradients_for_every_arch(arch, tie_embeddings):
   def sums_and_grads(params):  # 3 chunks of the 8 targets: one position of padding per row
     def loss(params, chunks):
       config.train.loss_chunks = chunks
-      model = nnx.merge(graphdef, params, rest)
+      model = nnx.merge(graphdef, params, non_params)
       side = 'encoder' if arch == 'encoder' else 'decoder'
       sums = objectives.base.token_sums(
           model, batch, (f'{side}_target_tokens', f'{side}_loss_weights'), config.train,
@@ -157,17 +157,12 @@ def test_chunked_loss_needs_less_memory():
   config = small_config()
   config.model.update(vocab_size=32768, num_encoder_layers=1, num_decoder_layers=1)
   config.data.targets_length = 128
-  model_cfg, rules = config_lib.model_config(config), mesh_lib.DEFAULT_RULES
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
-  optimizer = optim.make_optimizer(config.optim, 100)
-  schedule = optim.make_schedule(config.optim, 100)
-  spec = state_lib.state_spec(model_cfg, optimizer, 0, mesh, rules)
-  batch = plan.abstract_batch(config.data, mesh_lib.batch_sharding(mesh))
+  run = small_run(config)
+  batch = plan.abstract_batch(config.data, run.batch_sharding)
 
   def compiled(chunks):  # the real step, compiled from shapes: nothing runs
-    config.train.loss_chunks = chunks
-    return plan.compile_train_step(config, objectives.make_loss(config, model_cfg), mesh, rules,
-                                   spec, optimizer, schedule, batch)
+    config.train.loss_chunks = chunks  # the run's config: its loss reads it
+    return plan.compile_train_step(run, run.loss(), batch)
 
   whole, chunked = compiled(0), compiled(4)
   whole_bytes, chunked_bytes = (c.memory_analysis().temp_size_in_bytes for c in (whole, chunked))

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 
 from t5lite import config as config_lib
-from t5lite.train import plan as plan_lib
+from t5lite.commands import plan as plan_lib
 
 GiB = 2**30
 

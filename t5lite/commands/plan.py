@@ -24,7 +24,6 @@ import re
 import jax
 import jax.numpy as jnp
 import ml_collections
-from flax import nnx
 from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType
 
@@ -33,11 +32,8 @@ from t5lite import objectives
 from t5lite.models import family
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
-from t5lite.train import loop
 from t5lite.train import mesh as mesh_lib
-from t5lite.train import optim
-from t5lite.train import state as state_lib
-from t5lite.train import step as step_lib
+from t5lite.train import run as run_lib
 
 GiB = 2**30
 # The plan's executables never run: on CPU, skip LLVM's optimizations (same buffers, 3x faster).
@@ -238,13 +234,13 @@ def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,
   return memory
 
 
-def compile_train_step(config, loss, mesh, rules, spec, optimizer, schedule, batch):
-  """The train step exactly as `loop.train` jits it (shardings, donation), compiled for `mesh`
-  from abstract values: nothing is allocated, and the devices need not be attached."""
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    jitted = step_lib.jit_train_step(spec, mesh, loss, config.train, optimizer, schedule)
-    lowered = jitted.lower(spec.abstract, batch, loss.frozen_params)
-  return lowered.compile(CPU_COMPILE_OPTIONS if mesh.devices.flat[0].platform == 'cpu' else None)
+def compile_train_step(run: run_lib.Run, loss, batch):
+  """The train step exactly as `loop.train` jits it (shardings, donation), compiled for the run's
+  mesh from abstract values: nothing is allocated, and the devices need not be attached."""
+  with run.sharding():
+    lowered = run.jit_train_step(loss).lower(run.spec.abstract, batch, loss.frozen_params)
+  cpu = run.mesh.devices.flat[0].platform == 'cpu'
+  return lowered.compile(CPU_COMPILE_OPTIONS if cpu else None)
 
 
 def compiled_memory(compiled) -> dict[str, int]:
@@ -291,33 +287,24 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float = 0.4,
   topo = parse_topology(topology)
   model_cfg = config_lib.model_config(config)
   devices = topology_devices(topo) if compile_step else None
-  mesh, rules = plan_mesh(config.mesh, topo, devices), mesh_lib.DEFAULT_RULES
-  mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules,
-                              microbatches=config.train.microbatches)
+  expected = speed(model_cfg, config.data, topo, devices, mfu)
+  run = run_lib.make_run(config, plan_mesh(config.mesh, topo, devices), reads_text=False)
   result = {'topology': topo.name, 'platform': topo.platform, 'num_devices': topo.num_devices,
             'device_kind': topo.chip.device_kind if topo.chip else 'cpu',
             'hbm_per_device': topo.chip.hbm_gib * GiB if topo.chip else None,
-            'mesh': dict(mesh.shape), 'remat_policy': model_cfg.remat_policy,
+            'mesh': dict(run.mesh.shape), 'remat_policy': model_cfg.remat_policy,
             'scan_layers': model_cfg.scan_layers,
-            **speed(model_cfg, config.data, topo, devices, mfu)}
-  optimizer = optim.make_optimizer(config.optim, config.train.steps,
-                                   logical_axes=state_lib.param_axes(model_cfg))
-  schedule = optim.make_schedule(config.optim, config.train.steps)
-  # Outside jax.set_mesh: building the state spec runs small eager ops, which compile-only
-  # devices cannot run.
-  spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
+            **expected}
   # A distillation teacher enters as the shapes of its parameters.
-  teacher = (loop.load_teacher(config, model_cfg, mesh, rules, restore=False)
-             if config.train.teacher_workdir else None)
-  loss = objectives.make_loss(config, model_cfg, teacher)
-  batch = abstract_batch(config.data, mesh_lib.batch_sharding(mesh, rules))
-  result['num_params'] = sum(x.size for x in jax.tree.leaves(spec.abstract.params))
-  result['analytic'] = analytic_memory(model_cfg, config, spec, batch, mesh,
+  teacher = run.load_teacher(restore=False) if config.train.teacher_workdir else None
+  loss = run.loss(teacher)
+  batch = abstract_batch(config.data, run.batch_sharding)
+  result['num_params'] = sum(x.size for x in jax.tree.leaves(run.spec.abstract.params))
+  result['analytic'] = analytic_memory(model_cfg, config, run.spec, batch, run.mesh,
                                        loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
   if devices is not None:
-    compiled = compile_train_step(config, loss, mesh, rules, spec, optimizer, schedule,
-                                  batch)
+    compiled = compile_train_step(run, loss, batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
   result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']

@@ -12,7 +12,7 @@ import pytest
 from t5lite import cli
 from t5lite.objectives import losses
 from t5lite.train import preemption
-from test_loop import ROOT, SMALL
+from tests.train.test_loop import ROOT, SMALL
 from tests.texts import keyword_task, random_corpus
 
 TINY = [*SMALL, '--config.train.steps=2']  # t5_tiny shrunk to seconds per run, 8 fake devices
@@ -75,7 +75,7 @@ def test_finetuning_learns_a_keyword_task_and_keeps_its_best_checkpoint(tmp_path
 def test_a_hugging_face_export_of_the_workdir_is_the_same_start(tmp_path, pretrained):
   """--hf=FOLDER starts from the parameters that --from=WORKDIR restores, bit for bit."""
   import jax
-  from t5lite.train import finetune as finetune_lib
+  from t5lite.commands import finetune as finetune_lib
   assert cli.main(['export', f'--workdir={pretrained}', f'--out={tmp_path / "hf"}']) == 0
   from_config, from_params = finetune_lib.pretrained_start(str(pretrained), None)
   hf_config, hf_params = finetune_lib.pretrained_start(None, str(tmp_path / 'hf'))

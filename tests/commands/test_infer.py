@@ -2,7 +2,6 @@
 
 import json
 
-from flax import nnx
 import jax
 import numpy as np
 import pytest
@@ -10,8 +9,9 @@ import pytest
 from t5lite import cli
 from t5lite.data import vocabulary
 from t5lite.models import decoding
-from t5lite.train import workdir as workdir_lib
-from test_loop import train
+from t5lite.commands import infer as infer_lib
+from t5lite.train import run as run_lib
+from tests.train.test_loop import train
 
 SENTINELS = 'The <extra_id_0> walks in <extra_id_1> park'
 LONG = ' '.join(['The whale swam far out to sea and did not come back.'] * 4)  # > 32 tokens
@@ -50,9 +50,9 @@ def test_infer_prints_and_writes_one_output_per_input(workdir, tmp_path, capsys)
   # infer's batching, padding and sharding over 8 devices change nothing.
   config = cli.load_run_config(cli.parser().parse_args(['infer', f'--workdir={workdir}']), [])
   vocab = vocabulary.load_vocabulary(config.data.vocabulary)
-  _, spec, params, _, _ = workdir_lib.restore_params(config, str(workdir))
-  model = nnx.merge(spec.graphdef, jax.device_get(params), spec.rest)
-  tokens = workdir_lib.encode_inputs(vocab, [row['input'] for row in rows], 32, eos=True)
+  run = run_lib.make_run(config)
+  model = run.model(jax.device_get(run.restore_params(str(workdir))[1]))
+  tokens = infer_lib.encode_inputs(vocab, [row['input'] for row in rows], 32, eos=True)
   for row, ids in zip(rows, tokens):
     alone = decoding.generate(model, ids[None], max_decode_length=MAX_DECODE_LENGTH)[0]
     assert vocab.decode(alone) == row['output']
@@ -60,7 +60,7 @@ def test_infer_prints_and_writes_one_output_per_input(workdir, tmp_path, capsys)
 
 def test_encode_inputs_appends_eos_and_truncates(capsys):
   vocab = vocabulary.load_vocabulary('bundled')
-  tokens = workdir_lib.encode_inputs(vocab, [SENTINELS, 'The<extra_id_0>walks', LONG], 8,
+  tokens = infer_lib.encode_inputs(vocab, [SENTINELS, 'The<extra_id_0>walks', LONG], 8,
                                      eos=True)
   ids = vocab.encode(SENTINELS)
   assert ids.count(vocab.sentinel_id(0)) == ids.count(vocab.sentinel_id(1)) == 1  # 8099, 8098

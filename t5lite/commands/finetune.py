@@ -25,7 +25,7 @@ from t5lite.data import tasks
 from t5lite.export import hf
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
-from t5lite.train import workdir as workdir_lib
+from t5lite.train import run as run_lib
 
 BEST = 'best'
 
@@ -70,7 +70,7 @@ def saved_finetune(workdir: str) -> ml_collections.ConfigDict | None:
   if not (paths.path(workdir) / 'config.json').is_file():
     return None
   config = config_lib.from_workdir(workdir)
-  if 'task' not in config.data:
+  if not config.data.task:
     raise ValueError(f'--workdir {workdir} holds a pretraining run, not a fine-tuning one; '
                      'fine-tune into a new workdir')
   return config
@@ -114,14 +114,11 @@ def finetune_config(base: ml_collections.ConfigDict, task: str, inputs_key: str,
   config.model.dropout = 0.1
   config.optim.update(name='adafactor', schedule='constant', learning_rate=1e-3)
   config.data.update(validation_fraction=0.1)  # held out of a task file, by input hash
-  # 'sentiment' or a .tsv/.jsonl file of (input, target) texts
-  config.data.task = canonical_task(task)
-  config.data.inputs_key = inputs_key  # the task file's column / JSON key of the input text
-  config.data.targets_key = targets_key  # ... and of the target text
+  config.data.update(task=canonical_task(task), inputs_key=inputs_key, targets_key=targets_key)
   config.train.update(steps=1000, eval_every=100)
   config.checkpoint.update(every_steps=100)
   config_lib.override(config, overrides)
-  diffs = loop.structural_diffs(base.model.to_dict(), config.model.to_dict())
+  diffs = checkpoint_lib.structural_diffs(base.model.to_dict(), config.model.to_dict())
   if diffs:
     raise ValueError(f'fine-tuning keeps the pretrained model, but the overrides change it '
                      f'({", ".join(diffs)}); drop those --config.model settings')
@@ -142,7 +139,7 @@ def pretrained_start(pretrained: str | None, hf_dir: str | None):
       config.data.vocabulary = str(vocab)
     return config, lambda: params
   config = config_lib.from_workdir(pretrained)
-  return config, lambda: workdir_lib.restore_params(config, pretrained)[2]
+  return config, lambda: run_lib.make_run(config).restore_params(pretrained)[1]
 
 
 def task_inputs(config: ml_collections.ConfigDict) -> loop.Inputs:
