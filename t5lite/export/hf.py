@@ -1,11 +1,12 @@
 """Hugging Face export and import: config.json + model.safetensors.
 
 What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5
-encoder-decoders go both ways (T5ForConditionalGeneration); ELECTRA exports its discriminator
-(ElectraForPreTraining) and BERT with next-sentence prediction its encoder, pooler and classifier
-(BertForNextSentencePrediction). Here is what they share: the family's checks, its config.json,
-and every tensor its table names, reshaped to PyTorch's Linear layout. Export needs neither torch
-nor transformers; tensors are written as float32.
+encoder-decoders (T5ForConditionalGeneration) and GPT-2 decoders (GPT2LMHeadModel) go both ways;
+ELECTRA exports its discriminator (ElectraForPreTraining) and BERT with next-sentence prediction
+its encoder, pooler and classifier (BertForNextSentencePrediction). Here is what they share: the
+family's checks, its config.json, and every tensor its table names, reshaped to PyTorch's Linear
+(or GPT-2's Conv1D) layout and concatenated where one HF tensor fuses several of ours. Export
+needs neither torch nor transformers; tensors are written as float32.
 """
 
 import dataclasses
@@ -22,7 +23,7 @@ from t5lite import paths
 from t5lite.models import build, family, registry
 from t5lite.models.architecture import Family
 from t5lite.models.config import ModelConfig
-from t5lite.models.hf_mapping import HfModel
+from t5lite.models.hf_mapping import HfModel, Row
 from t5lite.models.params import Params, flatten, stack_layers, unstack_layers
 
 CONFIG_FILE, WEIGHTS_FILE = 'config.json', 'model.safetensors'
@@ -55,16 +56,14 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
   if cfg.scan_layers:
     params = unstack_layers(params)
   flat = dict(flatten(params))
+  table = hf.table(cfg)
+  absent = [row.path for row in table if row.path not in flat]
+  if absent:
+    raise ValueError(f'params have no {"/".join(map(str, absent[0]))}; are they of this config?')
   tensors = {}
-  for path, name, num_in, scale in hf.table(cfg):
-    if path not in flat:
-      raise ValueError(f'params have no {"/".join(map(str, path))}; are they of this config?')
-    value = np.asarray(flat[path], np.float32) * np.float32(scale)
-    if num_in:  # (in..., out...) -> (in, out) -> (out, in)
-      value = value.reshape(math.prod(value.shape[:num_in]), -1).T
-    elif name.endswith('.bias'):  # (heads, d_kv) -> (heads * d_kv,)
-      value = value.reshape(-1)
-    tensors[name] = np.ascontiguousarray(value)
+  for name, rows in _by_tensor(table).items():
+    parts = [_to_hf(flat[row.path], row) for row in rows]
+    tensors[name] = np.ascontiguousarray(np.concatenate(parts, axis=_output_axis(rows[0])))
   if hf.extra:
     tensors.update(hf.extra(cfg))
   os.makedirs(out_dir, exist_ok=True)
@@ -114,7 +113,7 @@ def _read_json(file, what: str) -> dict:
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) of an HF folder of a family that imports (T5); params load with
+  """(ModelConfig, params) of an HF folder of a family that imports (T5, GPT-2); params load with
   `load_params(build(cfg), ...)`.
 
   overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
@@ -126,21 +125,68 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
   shapes = dict(flatten(nnx.state(abstract, nnx.Param).to_pure_dict()))
-  table = hf.table(cfg)
-  missing = [row.name for row in table if tensors.get(row.name) is None]
+  by_tensor = _by_tensor(hf.table(cfg))
+  missing = [name for name in by_tensor if tensors.get(name) is None]
   if missing:
     raise ValueError(f'{folder} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
   params: Params = {}
-  for path, name, num_in, scale in table:
-    shape = shapes[path].shape
-    hf_shape = (math.prod(shape[num_in:]), math.prod(shape[:num_in])) if num_in else shape
-    value = tensors[name].astype(np.float32) / np.float32(scale)
-    if value.shape != hf_shape:
-      raise ValueError(f'{name} has shape {value.shape}, config.json implies {hf_shape}')
-    if num_in:
-      value = value.T.reshape(shape)  # (out, in) -> (in, out) -> (in..., out...)
-    node = params
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = value
+  for name, rows in by_tensor.items():
+    for row, value in zip(rows, _our_parts(name, tensors[name], rows,
+                                           [shapes[row.path].shape for row in rows])):
+      node = params
+      for key in row.path[:-1]:
+        node = node.setdefault(key, {})
+      node[row.path[-1]] = value
   return cfg, stack_layers(params) if cfg.scan_layers else params
+
+
+def _by_tensor(table: list[Row]) -> dict[str, list[Row]]:
+  """HF's tensors in table order, each with the rows of its parts (GPT-2's fused q, k, v)."""
+  parts = {}
+  for row in table:
+    parts.setdefault(row.name, []).append(row)
+  return parts
+
+
+def _output_axis(row: Row) -> int:
+  """The axis of HF's tensor that its parts are concatenated along: the output dim."""
+  return 0 if row.num_in and not row.conv1d else -1
+
+
+def _hf_shape(shape: tuple, row: Row) -> tuple:
+  """The shape `_to_hf` gives our array of `shape`."""
+  if row.num_in:
+    in_out = math.prod(shape[:row.num_in]), math.prod(shape[row.num_in:])
+    return in_out if row.conv1d else in_out[::-1]
+  return (math.prod(shape),) if row.name.endswith('.bias') else tuple(shape)
+
+
+def _to_hf(value, row: Row) -> np.ndarray:
+  """Our array -> its part of HF's tensor: scaled, a kernel (in..., out...) as (in, out) (Conv1D)
+  or (out, in) (Linear), (heads, d_kv) biases flattened."""
+  value = np.asarray(value, np.float32) * np.float32(row.scale)
+  if row.num_in:
+    value = value.reshape(math.prod(value.shape[:row.num_in]), -1)
+    return value if row.conv1d else value.T
+  return value.reshape(-1) if row.name.endswith('.bias') else value
+
+
+def _our_parts(name: str, value: np.ndarray, rows: list[Row], shapes: list[tuple]
+               ) -> list[np.ndarray]:
+  """HF's tensor `name` -> our arrays of `shapes`, one per row of its parts (`_to_hf` undone)."""
+  axis = _output_axis(rows[0])
+  hf_shapes = [_hf_shape(shape, row) for row, shape in zip(rows, shapes)]
+  sizes = [hf_shape[axis] for hf_shape in hf_shapes]
+  expected = list(hf_shapes[0])
+  expected[axis] = sum(sizes)
+  if value.shape != tuple(expected):
+    raise ValueError(f'{name} has shape {value.shape}, config.json implies {tuple(expected)}')
+  parts = np.split(value.astype(np.float32), np.cumsum(sizes)[:-1], axis=axis)
+  return [_from_hf(part, row, shape) for row, part, shape in zip(rows, parts, shapes)]
+
+
+def _from_hf(part: np.ndarray, row: Row, shape: tuple) -> np.ndarray:
+  """`_to_hf` undone: HF's part -> our array of `shape`."""
+  if row.num_in and not row.conv1d:
+    part = part.T  # (out, in) -> (in, out)
+  return (part / np.float32(row.scale)).reshape(shape)

@@ -1,10 +1,12 @@
 """How a family is a Hugging Face model (its `Family.hf`), and the pieces BERT-layer families share.
 
-A family names every tensor one to one (`HfModel.table`); t5lite/export/hf.py does the rest. The
-transform is PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in)
-flattened and transposed, and our (heads, d_kv) biases are flattened. BERT-style attention
-divides q.k by sqrt(d_kv), which ours folds into the query weights: a BERT-layer table multiplies
-HF's query weight and bias by sqrt(d_kv).
+A family names every tensor (`HfModel.table`); t5lite/export/hf.py does the rest. The transform is
+PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in) flattened and
+transposed, and our (heads, d_kv) biases are flattened. GPT-2's Conv1D keeps (in, out)
+(`Row.conv1d`) and fuses q, k and v into one tensor: rows that name one tensor are its parts,
+concatenated along HF's output dim in table order. BERT-style attention divides q.k by
+sqrt(d_kv), which ours folds into the query weights: a BERT-layer table multiplies HF's query
+weight and bias by sqrt(d_kv).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -23,12 +25,14 @@ BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_b
 
 
 class Row(NamedTuple):
-  """One tensor: our param path, HF's name, the input dims of a Linear kernel (0: copied as is,
-  biases flattened) and the factor HF's tensor carries over ours."""
+  """One tensor, or one part of a tensor that several rows name: our param path, HF's name, the
+  input dims of a kernel (0: copied as is, biases flattened), the factor HF's tensor carries over
+  ours, and whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in)."""
   path: tuple
   name: str
   num_in: int
   scale: float = 1.0
+  conv1d: bool = False
 
 
 class HfModel(NamedTuple):
@@ -56,22 +60,29 @@ def check_fields(cfg: ModelConfig, name: str, fields: dict[str, Any]) -> None:
 
 
 def check_bert_layers(cfg: ModelConfig, name: str, **fields: Any) -> None:
-  """Refuses a config that is not BERT's layers (and `fields`): HF's have no gating, and their
-  hidden size is also the attention's."""
+  """Refuses a config that is not BERT's layers (and `fields`)."""
   check_fields(cfg, name, {**BERT_LAYERS, **fields})
+  check_ungated_full_width(cfg, name)
+
+
+def check_ungated_full_width(cfg: ModelConfig, name: str) -> None:
+  """Refuses what HF's BERT and GPT-2 layers lack: gating, and attention of another width than
+  the hidden size."""
   if cfg.is_gated or cfg.num_heads * cfg.d_kv != cfg.d_model:
     raise ValueError(f'{name} export needs an ungated activation and num_heads * d_kv == d_model '
                      f'(got {cfg.activation}, {cfg.num_heads} * {cfg.d_kv} vs {cfg.d_model})')
 
 
-def linear(ours: tuple, theirs: str, num_in: int = 1, scale: float = 1.0) -> list[Row]:
-  """A Linear layer with a bias: its weight and bias rows."""
-  return [Row((*ours, 'kernel'), f'{theirs}.weight', num_in, scale),
+def linear(ours: tuple, theirs: str, num_in: int = 1, scale: float = 1.0,
+           conv1d: bool = False) -> list[Row]:
+  """A Linear (or Conv1D) layer with a bias: its weight and bias rows."""
+  return [Row((*ours, 'kernel'), f'{theirs}.weight', num_in, scale, conv1d),
           Row((*ours, 'bias'), f'{theirs}.bias', 0, scale)]
 
 
-def layer_norm(ours: tuple, theirs: str) -> list[Row]:
-  return [Row((*ours, 'scale'), f'{theirs}.weight', 0), Row((*ours, 'bias'), f'{theirs}.bias', 0)]
+def layer_norm(ours: tuple, theirs: str, scale: float = 1.0) -> list[Row]:
+  return [Row((*ours, 'scale'), f'{theirs}.weight', 0, scale),
+          Row((*ours, 'bias'), f'{theirs}.bias', 0, scale)]
 
 
 def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
