@@ -23,6 +23,7 @@ from t5lite import config as config_lib
 from t5lite import paths
 from t5lite.data import tasks
 from t5lite.export import hf
+from t5lite.export import tokenizer
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib
@@ -134,8 +135,11 @@ def pretrained_start(pretrained: str | None, hf_dir: str | None):
     model_cfg, params = hf.import_hf(hf_dir)
     config = config_lib.base_config()
     config.model.update(dataclasses.asdict(model_cfg))
-    vocab = paths.path(hf_dir) / 'spiece.model'  # T5 folders ship their SentencePiece model
-    if vocab.is_file():
+    if tokenizer.import_tokenizer(hf_dir) is not None:  # checked: a T5 vocabulary, or none
+      vocab = paths.path(hf_dir) / tokenizer.SPIECE_FILE
+      if not vocab.is_file():
+        raise ValueError(f'--hf {hf_dir} has its vocabulary as {tokenizer.TOKENIZER_JSON_FILE} '
+                         f'alone; t5lite import-hf it into a workdir, then finetune --from that')
       config.data.vocabulary = str(vocab)
     return config, lambda: params
   config = config_lib.from_workdir(pretrained)

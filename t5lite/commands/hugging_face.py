@@ -1,7 +1,9 @@
-"""`t5lite export` and `t5lite import-hf`: a workdir's checkpoint as a Hugging Face folder, and a
-Hugging Face folder as step 0 of a new workdir."""
+"""`t5lite export` and `t5lite import-hf`: a workdir's checkpoint as a Hugging Face folder (model
+and tokenizer), and a Hugging Face folder as step 0 of a new workdir (model and vocabulary)."""
 
 import dataclasses
+import os
+import sys
 
 import jax
 import ml_collections
@@ -9,7 +11,9 @@ import ml_collections
 from t5lite import config as config_lib
 from t5lite import outputs
 from t5lite import paths
+from t5lite.data import vocabulary
 from t5lite.export import hf
+from t5lite.export import tokenizer
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib
@@ -22,30 +26,51 @@ def export_workdir(config: ml_collections.ConfigDict, workdir: str, out_dir: str
   `out_dir` may be written, checked before the restore: t5lite/outputs.py."""
   model_cfg = config_lib.model_config(config)
   hf.hf_config(model_cfg)  # a model export cannot write fails here, before the restore
-  outputs.check_folder(out_dir, (hf.CONFIG_FILE, hf.WEIGHTS_FILE), workdir=workdir,
-                       overwrite=overwrite)
+  outputs.check_folder(out_dir, (hf.CONFIG_FILE, hf.WEIGHTS_FILE, *tokenizer.FILES),
+                       workdir=workdir, overwrite=overwrite)
   step, params = run_lib.make_run(config).restore_params(workdir, step)
   with outputs.writing(out_dir, folder=True) as temp:
     hf.export_hf(jax.device_get(params), model_cfg, temp)
+    learned = model_cfg.position == 'learned'  # the longest input the model has positions for
+    tokenizer.export_tokenizer(config.data.vocabulary, temp,
+                               model_max_length=model_cfg.max_length if learned else None)
   return step
 
 
 def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_collections.ConfigDict:
   """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it.
-  The workdir must be new or empty: an import never mixes with a run that is there."""
+  The folder's vocabulary (spiece.model, or a T5 tokenizer.json) becomes `<workdir>/spiece.model`
+  and the run's data.vocabulary, unless an override names another; a folder without one leaves
+  the bundled vocabulary, with a warning. The workdir must be new or empty: an import never mixes
+  with a run that is there."""
   folder = paths.path(workdir)
   if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
     raise ValueError(f'--workdir {workdir} is not empty; import into a new workdir')
   model_cfg, params = hf.import_hf(hf_dir)
+  proto = tokenizer.import_tokenizer(hf_dir)
   config = config_lib.base_config()
   config.model.update(dataclasses.asdict(model_cfg))
+  imported_vocabulary = str(folder / tokenizer.SPIECE_FILE if paths.is_uri(workdir) else
+                            os.path.abspath(folder / tokenizer.SPIECE_FILE))
+  if proto is not None:
+    config.data.vocabulary = imported_vocabulary
   config_lib.override(config, overrides)
-  run = run_lib.make_run(config)
+  copy_vocabulary = proto is not None and config.data.vocabulary == imported_vocabulary
+  if copy_vocabulary:  # checked from memory: the file is written with the checkpoint
+    run_lib.check_vocabulary(vocabulary.Vocabulary(proto, hf_dir),
+                             config_lib.model_config(config), f'the vocabulary of {hf_dir}')
+  run = run_lib.make_run(config, reads_text=not copy_vocabulary)
   with run.sharding():
     state = state_lib.from_params(run.spec, run.optimizer, params, config.train.seed)
+  if proto is None:
+    print(f'warning: {hf_dir} has no {tokenizer.SPIECE_FILE} or {tokenizer.TOKENIZER_JSON_FILE}; '
+          f'the run reads data.vocabulary={config.data.vocabulary!r}', file=sys.stderr)
   loop.record_config(workdir, config)
+  if copy_vocabulary:
+    (folder / tokenizer.SPIECE_FILE).write_bytes(proto)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
   checkpointer.save(0, state, {}, config.to_dict())
   checkpointer.wait()
   checkpointer.close()
   return config
+

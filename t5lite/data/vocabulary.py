@@ -45,6 +45,7 @@ class Vocabulary:
 
   def __init__(self, model_proto: bytes, name: str = 'vocabulary'):
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto  # the .model file's bytes, which an HF export copies
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
       raise ValueError(f'{name} has (pad, eos, unk, bos) ids {ids}, not T5\'s (0, 1, 2, -1); '

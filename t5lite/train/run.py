@@ -121,10 +121,8 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   config_lib.validate(config)
   model_cfg = config_lib.model_config(config)
   if reads_text:
-    vocab_size = vocabulary.load_vocabulary(config.data.vocabulary).vocab_size
-    if vocab_size > model_cfg.vocab_size:
-      raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
-                       f'{vocab_size} ids of data.vocabulary={config.data.vocabulary!r}')
+    check_vocabulary(vocabulary.load_vocabulary(config.data.vocabulary), model_cfg,
+                     f'data.vocabulary={config.data.vocabulary!r}')
   objectives.for_run(config, model_cfg)
   rules = mesh_lib.rule_table(config.mesh.rules)
   mesh = mesh_lib.make_mesh(config.mesh) if mesh is None else mesh
@@ -137,6 +135,13 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   # of a topology `t5lite plan` compiles for cannot run.
   spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
   return Run(config, model_cfg, mesh, rules, optimizer, schedule, spec)
+
+
+def check_vocabulary(vocab: vocabulary.Vocabulary, model_cfg: ModelConfig, name: str) -> None:
+  """Refuses a vocabulary with more ids than the model has embeddings."""
+  if vocab.vocab_size > model_cfg.vocab_size:
+    raise ValueError(f'config.model.vocab_size={model_cfg.vocab_size} is smaller than the '
+                     f'{vocab.vocab_size} ids of {name}')
 
 
 def _frozen_shardings(loss: objectives.Loss):

@@ -24,9 +24,11 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import transformers
 from flax import nnx
 
 from t5lite import cli
+from t5lite.data import vocabulary
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import run as run_lib
 from test_loop import ROOT, SMALL, metrics, saved_params, train
@@ -348,7 +350,15 @@ def test_export_then_import_hf_starts_a_run_with_the_same_weights(trained_222, t
   hf_dir, workdir = tmp_path / 'hf', tmp_path / 'imported'
   run_flags = [f for f in SMALL if not f.startswith(('--config=', '--config.model.'))]
   assert cli.main(['export', f'--workdir={trained_222}', f'--out={hf_dir}']) == 0
+  bundled = vocabulary.load_vocabulary('bundled')
+  tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  text = 'The cat <extra_id_0> on the mat, 1851.'
+  assert tokenizer(text).input_ids == bundled.encode(text) + [vocabulary.EOS_ID]
   assert cli.main(['import-hf', f'--hf={hf_dir}', f'--workdir={workdir}', *run_flags]) == 0
+  # The folder's vocabulary is the run's: copied into the workdir, named in its config.
+  assert (workdir / 'spiece.model').read_bytes() == bundled.model_proto
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['data']['vocabulary'] == str(workdir / 'spiece.model')
   imported, exported = saved_params(workdir, 0), saved_params(trained_222, 3)
   assert imported.keys() == exported.keys()
   for name in exported:
@@ -360,7 +370,17 @@ def test_export_then_import_hf_starts_a_run_with_the_same_weights(trained_222, t
   # Batch 0 again, now with 3 steps of training behind the weights: a lower loss than at first.
   assert losses[1]['loss'] < metrics(trained_222)[1]['loss']
 
+  # A folder without a vocabulary: the bundled one, and a warning that says so.
+  bare_dir = tmp_path / 'bare'
+  shutil.copytree(hf_dir, bare_dir, ignore=shutil.ignore_patterns('*token*', 'spiece.model'))
   capsys.readouterr()
+  assert cli.main(['import-hf', f'--hf={bare_dir}', f'--workdir={tmp_path / "bare_run"}',
+                   *run_flags]) == 0
+  assert capsys.readouterr().err == (f'warning: {bare_dir} has no spiece.model or tokenizer.json;'
+                                     " the run reads data.vocabulary='bundled'\n")
+  assert json.loads((tmp_path / 'bare_run' / 'config.json').read_text())['data'][
+      'vocabulary'] == 'bundled'
+
   before = snapshot(workdir)
   assert cli.main(['import-hf', f'--hf={hf_dir}', f'--workdir={workdir}', *run_flags]) == 2
   assert f'--workdir {workdir} is not empty' in one_line_error(capsys)
