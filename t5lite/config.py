@@ -1,4 +1,4 @@
-"""The run configuration: one ConfigDict, grouped as model / data / train / optim / mesh / checkpoint.
+"""The run configuration: one ConfigDict of model / data / train / optim / mesh / checkpoint.
 
 Every preset in `configs/` starts from `base_config()` and changes what differs, so every value of
 a run is visible in one printed config and can be overridden as `--config.a.b=value`.
@@ -39,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
 def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()
-  data.source = 'bundled'  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
+  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
+  data.source = 'bundled'
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)

@@ -32,13 +32,13 @@ INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
 
 def _hf_model(cfg: ModelConfig) -> HfModel:
   """cfg's Hugging Face model, once cfg is checked to be that model exactly."""
-  hf = family(cfg.arch).hf
-  if hf is None:
-    names = [f.hf.name for f in registry.FAMILIES.values() if f.hf]
+  fitting = [hf for hf in family(cfg.arch).hf if hf.fits(cfg)]
+  if not fitting:
+    names = [hf.name for f in registry.FAMILIES.values() for hf in f.hf]
     raise ValueError(f'export supports {", ".join(names[:-1])} and {names[-1]} models; '
                      f'got arch={cfg.arch}')
-  hf.check(cfg)
-  return hf
+  fitting[0].check(cfg)
+  return fitting[0]
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
 def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> None:
   """Writes `params` (`nnx.state(model, nnx.Param)` or `get_params(model)`) as an HF folder."""
   config = hf_config(cfg)
-  hf = family(cfg.arch).hf
+  hf = _hf_model(cfg)
   if isinstance(params, nnx.State):
     params = params.to_pure_dict()
   if cfg.scan_layers:
@@ -73,19 +73,20 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
                               metadata={'format': 'pt'})
 
 
-def _importable() -> dict[str, Family]:
-  """The families that import, by the model_type of their Hugging Face model."""
-  return {f.hf.model_type: f for f in registry.FAMILIES.values() if f.hf and f.hf.load}
+def _importable() -> dict[str, tuple[Family, HfModel]]:
+  """The Hugging Face models that import, and their families, by model_type."""
+  return {hf.model_type: (f, hf) for f in registry.FAMILIES.values() for hf in f.hf if hf.load}
 
 
-def _read_folder(folder: str) -> tuple[Family, dict[str, Any], dict[str, np.ndarray]]:
-  """The family that reads a folder, its config.json and every tensor of model.safetensors
-  (single or sharded); a local folder or a gs:// one."""
+def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
+                                      dict[str, np.ndarray]]:
+  """The family and HF model that read a folder, its config.json and every tensor of
+  model.safetensors (single or sharded); a local folder or a gs:// one."""
   root = paths.path(folder)
   config = _read_json(root / CONFIG_FILE, f'{folder} is not a Hugging Face checkpoint')
   importable = _importable()
   if config.get('model_type') not in importable:
-    names = ' or '.join(f.hf.name for f in importable.values())
+    names = ' or '.join(hf.name for _, hf in importable.values())
     raise ValueError(f'{folder} is not a {names} checkpoint: '
                      f'model_type={config.get("model_type")!r}')
   if (root / INDEX_FILE).is_file():
@@ -118,8 +119,7 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
 
   overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
   """
-  imported, config, tensors = _read_folder(folder)
-  hf = imported.hf
+  (imported, hf), config, tensors = _read_folder(folder)
   fields, tensors = hf.load(config, tensors)
   cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
   unrolled = dataclasses.replace(cfg, scan_layers=False)

@@ -43,7 +43,8 @@ class Family(NamedTuple):
   # Where `decoding.generate` puts its inputs: 'encoder' (ending in EOS, as in training) or
   # 'decoder' (a prefix the decoder continues); None: the family does not generate.
   prompt: str | None
-  hf: HfModel | None  # the Hugging Face model it exports as; None: export refuses
+  # The Hugging Face models it exports as: the first one a config `fits`; (): export refuses.
+  hf: tuple[HfModel, ...]
 
 
 def require_layers(cfg: ModelConfig, *fields: str) -> None:

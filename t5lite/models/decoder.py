@@ -141,5 +141,5 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
 FAMILY = Family(
     arch='decoder', model=DecoderOnly, sides=('decoder',), objective=None, stacks=('decoder',),
     shapes=shapes, check=check, prompt='decoder',
-    hf=HfModel('GPT-2', 'GPT2LMHeadModel', 'gpt2', check=hf_check, config=hf_config,
-               table=hf_table, load=hf_load))
+    hf=(HfModel('GPT-2', 'GPT2LMHeadModel', 'gpt2', check=hf_check, config=hf_config,
+                table=hf_table, load=hf_load),))

@@ -127,5 +127,5 @@ def hf_zero_token_types(cfg: ModelConfig) -> dict[str, np.ndarray]:
 FAMILY = Family(
     arch='electra', model=Electra, sides=('encoder',), objective='electra',
     stacks=('generator', 'discriminator'), shapes=shapes, check=check, prompt=None,
-    hf=HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check, config=hf_config,
-               table=hf_table, extra=hf_zero_token_types))
+    hf=(HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check, config=hf_config,
+                table=hf_table, extra=hf_zero_token_types),))

@@ -69,5 +69,5 @@ def hf_table(cfg: ModelConfig) -> list[Row]:
 FAMILY = Family(
     arch='encoder', model=EncoderOnly, sides=('encoder',), objective=None, stacks=('encoder',),
     shapes=shapes, check=check, prompt=None,
-    hf=HfModel('BERT', 'BertForNextSentencePrediction', 'bert', check=hf_check,
-               config=hf_mapping.bert_config, table=hf_table))
+    hf=(HfModel('BERT', 'BertForNextSentencePrediction', 'bert', check=hf_check,
+                config=hf_mapping.bert_config, table=hf_table),))

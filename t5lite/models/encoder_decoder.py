@@ -170,5 +170,5 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
 FAMILY = Family(
     arch='encoder_decoder', model=EncoderDecoder, sides=('encoder', 'decoder'), objective=None,
     stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder',
-    hf=HfModel('T5', 'T5ForConditionalGeneration', 't5', check=hf_check, config=hf_config,
-               table=hf_table, load=hf_load))
+    hf=(HfModel('T5', 'T5ForConditionalGeneration', 't5', check=hf_check, config=hf_config,
+                table=hf_table, load=hf_load),))

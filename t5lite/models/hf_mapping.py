@@ -36,7 +36,7 @@ class Row(NamedTuple):
 
 
 class HfModel(NamedTuple):
-  """The Hugging Face model a family exports as (and imports from, given `load`)."""
+  """A Hugging Face model a family exports as (and imports from, given `load`)."""
   name: str  # in messages: 'T5'
   architecture: str  # config.json's architectures: 'T5ForConditionalGeneration'
   model_type: str  # config.json's model_type: 't5'
@@ -49,6 +49,9 @@ class HfModel(NamedTuple):
   # None: export only
   load: Callable[[dict[str, Any], dict[str, np.ndarray]],
                  tuple[dict[str, Any], dict[str, np.ndarray]]] | None = None
+  # Whether a config means this model rather than the family's others (BART, not T5: learned
+  # positions); `check` then says in one line what keeps it from being the model exactly.
+  fits: Callable[[ModelConfig], bool] = lambda cfg: True
 
 
 def check_fields(cfg: ModelConfig, name: str, fields: dict[str, Any]) -> None:

@@ -63,7 +63,8 @@ def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: f
   if 'loss' in scalars:
     parts += [f'loss {scalars["loss"]:.4f}', f'acc {scalars["accuracy"]:.3f}',
               f'lr {scalars["learning_rate"]:.1e}', f'{scalars["tokens_per_s"] / 1e3:.1f}k tok/s',
-              f'MFU {100 * scalars["mfu"]:.1f}%', f'ETA {format_duration((total_steps - step) * seconds_per_step)}']
+              f'MFU {100 * scalars["mfu"]:.1f}%',
+              f'ETA {format_duration((total_steps - step) * seconds_per_step)}']
   parts += [f'{name} {value:.4f}' for name, value in scalars.items() if name.startswith('eval_')]
   return ' | '.join(parts)
 

@@ -76,7 +76,8 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
   # the default device, not the mesh: the step closes over it as a constant, and the mesh may be
   # compile-only (a TPU topology) or abstract (`t5lite plan`).
   non_params = jax.jit(lambda: _split(model_cfg, seed)[2])()
-  return StateSpec(graphdef, non_params, shardings, abstract, jax.jit(init, out_shardings=shardings))
+  return StateSpec(graphdef, non_params, shardings, abstract,
+                   jax.jit(init, out_shardings=shardings))
 
 
 def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params,

@@ -70,8 +70,8 @@ def test_every_family_has_its_hooks_and_a_preset(arch):
   assert entry.arch == arch and set(entry.sides) <= {'encoder', 'decoder'}
   assert entry.objective is None or isinstance(entry.objective, str)
   assert entry.prompt is None or entry.prompt in entry.sides
-  assert entry.hf is None or (isinstance(entry.hf, HfModel) and callable(entry.hf.check)
-                              and callable(entry.hf.config) and callable(entry.hf.table))
+  assert all(isinstance(hf, HfModel) and callable(hf.check) and callable(hf.config)
+             and callable(hf.table) for hf in entry.hf)
   cfg = ModelConfig(arch=arch, **TINY, max_length=16)
   entry.check(cfg)
   model = nnx.eval_shape(lambda: build(cfg, nnx.Rngs(0)))
@@ -96,7 +96,7 @@ def toy_shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Sha
 TOY = Family(arch='toy', model=ToyDecoder, sides=('decoder',), objective='causal_lm',
              stacks=('decoder',), shapes=toy_shapes,
              check=lambda cfg: require_layers(cfg, 'num_decoder_layers'), prompt='decoder',
-             hf=None)
+             hf=())
 
 
 def test_an_architecture_is_added_with_one_registration(monkeypatch, tmp_path):

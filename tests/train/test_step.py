@@ -1,4 +1,4 @@
-"""The jitted train step gives the same losses on every mesh, and accumulation equals a big batch."""
+"""The jitted train step gives the same losses on every mesh; accumulation equals a big batch."""
 
 import jax
 import numpy as np
