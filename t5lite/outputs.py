@@ -51,7 +51,7 @@ def check_folder(path: str, files: Collection[str], *, workdir: str | None = Non
   if others and not overwrite:
     raise ValueError(f'--out={path} holds {others[0]}{", ..." if len(others) > 1 else ""}, which '
                      'this command does not write; give a new or empty folder, or --overwrite '
-                     f'to replace {" and ".join(files)} in it')
+                     f'to replace {_listed(files)} in it')
 
 
 def check_file(path: str, earlier: Callable[[epath.Path], bool], *, workdir: str | None = None,
@@ -175,3 +175,8 @@ def is_npz_of(path: epath.Path, prefixes: tuple[str, ...]) -> bool:
     return False
   return bool(names) and all(name.endswith('.npy') and name.startswith(prefixes)
                              for name in names)
+
+
+def _listed(names) -> str:
+  """'a', 'a and b', 'a, b and c'."""
+  return ' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 2 else names)

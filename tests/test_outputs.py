@@ -20,6 +20,8 @@ from tests.train.test_loop import ROOT, train
 from tests.fs import snapshot
 
 EXPORT = ('config.json', 'model.safetensors')
+# What `t5lite export` writes: the model, then the tokenizer.
+EXPORTED = EXPORT + ('spiece.model', 'tokenizer_config.json', 'special_tokens_map.json')
 
 
 def is_infer_output(path: str) -> bool:
@@ -216,8 +218,9 @@ ELSEWHERE = 'give a new or empty folder, or --overwrite to replace'
     pytest.param(['export', '--out={tmp}/notes.txt'], '--out={tmp}/notes.txt is a file, not a '
                  'folder; give a folder', id='export-file'),
     pytest.param(['export', '--out={tmp}/theirs'], '--out={tmp}/theirs holds README.md, which '
-                 f'this command does not write; {ELSEWHERE} config.json and model.safetensors in '
-                 'it', id='export-foreign-folder'),
+                 f'this command does not write; {ELSEWHERE} config.json, model.safetensors, '
+                 'spiece.model, tokenizer_config.json and special_tokens_map.json in it',
+                 id='export-foreign-folder'),
     pytest.param(['infer', '--input=a', '--out={run}/out.jsonl'], '--out={run}/out.jsonl is '
                  'inside --workdir={run}; write it outside the workdir', id='infer-in-workdir'),
     pytest.param(['infer', '--input=a', '--out={tmp}/notes.txt'], '--out={tmp}/notes.txt is a '
@@ -255,7 +258,7 @@ def test_export_replaces_an_earlier_export_and_overwrite_keeps_other_files(workd
   export = ['export', f'--workdir={workdir}', f'--out={out}']
   assert cli.main(export) == 0
   first = snapshot(out)
-  assert sorted(first) == sorted(EXPORT)
+  assert sorted(first) == sorted(EXPORTED)
   assert cli.main(export) == 0  # an earlier export: replaced, the same bytes
   assert snapshot(out) == first and os.listdir(tmp_path) == ['hf']
   (out / 'tokenizer.json').write_text('theirs')
