@@ -1,7 +1,8 @@
 """Hugging Face export and import: config.json + model.safetensors.
 
-What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5
-encoder-decoders (T5ForConditionalGeneration) and GPT-2 decoders (GPT2LMHeadModel) go both ways;
+What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5 and
+BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration) and GPT-2
+decoders (GPT2LMHeadModel) go both ways;
 ELECTRA exports its discriminator (ElectraForPreTraining) and BERT with next-sentence prediction
 its encoder, pooler and classifier (BertForNextSentencePrediction). Here is what they share: the
 family's checks, its config.json, and every tensor its table names, reshaped to PyTorch's Linear
@@ -114,8 +115,8 @@ def _read_json(file, what: str) -> dict:
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) of an HF folder of a family that imports (T5, GPT-2); params load with
-  `load_params(build(cfg), ...)`.
+  """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2); params load
+  with `load_params(build(cfg), ...)`.
 
   overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
   """
@@ -158,17 +159,21 @@ def _hf_shape(shape: tuple, row: Row) -> tuple:
   if row.num_in:
     in_out = math.prod(shape[:row.num_in]), math.prod(shape[row.num_in:])
     return in_out if row.conv1d else in_out[::-1]
-  return (math.prod(shape),) if row.name.endswith('.bias') else tuple(shape)
+  if row.name.endswith('.bias'):
+    return (math.prod(shape),)
+  return (shape[0] + row.leading_rows, *shape[1:])
 
 
 def _to_hf(value, row: Row) -> np.ndarray:
   """Our array -> its part of HF's tensor: scaled, a kernel (in..., out...) as (in, out) (Conv1D)
-  or (out, in) (Linear), (heads, d_kv) biases flattened."""
+  or (out, in) (Linear), (heads, d_kv) biases flattened, a table after its leading zero rows."""
   value = np.asarray(value, np.float32) * np.float32(row.scale)
   if row.num_in:
     value = value.reshape(math.prod(value.shape[:row.num_in]), -1)
     return value if row.conv1d else value.T
-  return value.reshape(-1) if row.name.endswith('.bias') else value
+  if row.name.endswith('.bias'):
+    return value.reshape(-1)
+  return np.pad(value, [(row.leading_rows, 0)] + [(0, 0)] * (value.ndim - 1))
 
 
 def _our_parts(name: str, value: np.ndarray, rows: list[Row], shapes: list[tuple]
@@ -189,4 +194,6 @@ def _from_hf(part: np.ndarray, row: Row, shape: tuple) -> np.ndarray:
   """`_to_hf` undone: HF's part -> our array of `shape`."""
   if row.num_in and not row.conv1d:
     part = part.T  # (out, in) -> (in, out)
+  elif not row.num_in:
+    part = part[row.leading_rows:]
   return (part / np.float32(row.scale)).reshape(shape)

@@ -26,7 +26,7 @@ import numpy as np
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
-from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row
+from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row, UNGATED_ACTIVATIONS
 from t5lite.models.transformer import DecodeCache, Features, LanguageModel, Stack, shared_parts
 from t5lite.token_ids import EOS_ID, PAD_ID
 
@@ -68,8 +68,6 @@ def check(cfg: ModelConfig) -> None:
 
 GPT2_FIELDS = dict(position='learned', norm='layer', norm_position='pre', use_bias=True,
                    embed_norm=False, tie_embeddings=True)
-# Our ungated activations by HF's activation_function
-GPT2_ACTIVATIONS = {FEED_FORWARD_PROJ[ours]: ours for ours in ('relu', 'gelu')}
 # GPT2Config fields whose other values change what the model computes, and the values we compute
 GPT2_FIXED = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
                   add_cross_attention=False, tie_word_embeddings=True)
@@ -120,9 +118,9 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
   if absent:
     raise ValueError(f'GPT-2 config.json misses {", ".join(absent)}')
   activation = config.get('activation_function', 'gelu_new')
-  if activation not in GPT2_ACTIVATIONS:
+  if activation not in UNGATED_ACTIVATIONS:
     raise ValueError(f'unsupported GPT-2 activation_function={activation!r}; expected one of '
-                     f'{", ".join(GPT2_ACTIVATIONS)}')
+                     f'{", ".join(UNGATED_ACTIVATIONS)}')
   for key, value in GPT2_FIXED.items():
     if config.get(key, value) != value:
       raise ValueError(f'unsupported GPT-2 {key}={config[key]!r}; only {key}={value} imports')
@@ -132,7 +130,7 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
       vocab_size=config['vocab_size'], d_model=config['n_embd'],
       d_ff=config.get('n_inner') or 4 * config['n_embd'], num_heads=config['n_head'],
       d_kv=config['n_embd'] // config['n_head'], num_encoder_layers=0,
-      num_decoder_layers=config['n_layer'], activation=GPT2_ACTIVATIONS[activation],
+      num_decoder_layers=config['n_layer'], activation=UNGATED_ACTIVATIONS[activation],
       norm_eps=config.get('layer_norm_epsilon', 1e-5), max_length=config['n_positions'],
       dropout=config.get('resid_pdrop', 0.1), **GPT2_FIELDS)
   return fields, tensors

@@ -1,5 +1,6 @@
 """model.arch='encoder_decoder': T5 (and Vaswani et al., BART), a bidirectional encoder read by a
-causal decoder, and T5ForConditionalGeneration both ways.
+causal decoder; T5ForConditionalGeneration and, with learned positions, BartForConditionalGeneration
+both ways.
 
 Hugging Face keeps T5's relative attention bias only in block 0 of each stack, as we keep one
 table per stack. Tied heads: T5 v1.0 ties the lm head to the shared embedding and rescales by
@@ -7,6 +8,14 @@ d_model**-0.5 (`tie_word_embeddings: true`). v1.1 has its own lm head and no res
 transformers 5.x may tie an unscaled head to the embedding (`scale_decoder_outputs: false`); such
 a checkpoint imports as an untied head holding a copy of the embedding, which computes the same
 logits.
+
+BART is BERT's layers in both stacks. HF's position p reads row p + 2 of its tables: the 2 rows
+before ours are written as zeros and dropped on import. BART's tied head has no d_model**-0.5
+and post-LN no final norm: the last decoder layer's final_layer_norm, read by the head alone,
+carries ours (weight and bias), and final_logits_bias is zeros. A checkpoint that multiplies its
+embeddings by sqrt(d_model) (`scale_embedding`) imports with the factor in our embedding, and out
+of that norm, since the tied head reads it too. Token ids are T5's: the decoder starts from 0,
+the pad id, and ends with EOS 1, nothing forced, so HF's `generate()` decodes as ours.
 """
 
 from collections.abc import Mapping
@@ -20,8 +29,9 @@ import numpy as np
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
-from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row
+from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row, UNGATED_ACTIVATIONS
 from t5lite.models.transformer import DecodeCache, Features, LanguageModel, Stack, shared_parts
+from t5lite.token_ids import EOS_ID, PAD_ID
 
 
 class EncoderDecoder(LanguageModel):
@@ -90,11 +100,11 @@ def check(cfg: ModelConfig) -> None:
 T5_FIELDS = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)
 
 
-def hf_check(cfg: ModelConfig) -> None:
+def t5_check(cfg: ModelConfig) -> None:
   hf_mapping.check_fields(cfg, 'T5', T5_FIELDS)
 
 
-def hf_table(cfg: ModelConfig) -> list[Row]:
+def t5_table(cfg: ModelConfig) -> list[Row]:
   """Every tensor of T5ForConditionalGeneration."""
   rows = [Row(('embed', 'embedding'), 'shared.weight', 0)]
   if not cfg.tie_embeddings:
@@ -121,7 +131,7 @@ def hf_table(cfg: ModelConfig) -> list[Row]:
   return rows
 
 
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+def t5_config(cfg: ModelConfig) -> dict[str, Any]:
   return {
       'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model, 'd_kv': cfg.d_kv, 'd_ff': cfg.d_ff,
       'num_heads': cfg.num_heads, 'num_layers': cfg.num_encoder_layers,
@@ -135,7 +145,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
   }
 
 
-def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+def t5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Our ModelConfig fields for an HF T5 config; an unscaled tied head imports as untied, a copy
   of the embedding."""
@@ -167,8 +177,129 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
   return fields, tensors
 
 
+BART_NORM_EPS = 1e-5  # HF's nn.LayerNorm default, which BartConfig does not set
+BART_POSITION_OFFSET = 2  # HF's position p reads row p + 2
+BART_PROJECTIONS = {'q': 'q_proj', 'k': 'k_proj', 'v': 'v_proj', 'o': 'out_proj'}
+# config.json fields that must have these values: a tied head, and fairseq's pre-LN options, which
+# old config.json files carry and transformers ignores (a checkpoint trained with them set does not
+# compute in HF's BART what it was trained to)
+BART_FIXED = dict(tie_word_embeddings=True, normalize_before=False, add_final_layer_norm=False)
+BART_REQUIRED = ('vocab_size', 'd_model', 'max_position_embeddings', 'encoder_layers',
+                 'decoder_layers', 'encoder_attention_heads', 'decoder_attention_heads',
+                 'encoder_ffn_dim', 'decoder_ffn_dim')
+
+
+def bart_check(cfg: ModelConfig) -> None:
+  hf_mapping.check_bert_layers(cfg, 'BART', norm_eps=BART_NORM_EPS)
+
+
+def bart_table(cfg: ModelConfig) -> list[Row]:
+  """Every tensor of BartForConditionalGeneration but final_logits_bias (`bart_zero_logits_bias`);
+  its lm_head is tied to model.shared."""
+  rows = [Row(('embed', 'embedding'), 'model.shared.weight', 0)]
+  stacks = (('encoder', cfg.num_encoder_layers, {'self_attention': 'self_attn'}),
+            ('decoder', cfg.num_decoder_layers, {'self_attention': 'self_attn',
+                                                 'cross_attention': 'encoder_attn'}))
+  for stack, num_layers, attentions in stacks:
+    rows += [Row((stack, 'position_embedding', 'embedding'),
+                 f'model.{stack}.embed_positions.weight', 0, leading_rows=BART_POSITION_OFFSET),
+             *hf_mapping.layer_norm((stack, 'embed_norm'), f'model.{stack}.layernorm_embedding')]
+    for i in range(num_layers):
+      ours, theirs = (stack, 'layers', i), f'model.{stack}.layers.{i}'
+      for attention, hf_attention in attentions.items():
+        rows += hf_mapping.scaled_attention(
+            (*ours, attention),
+            {p: f'{theirs}.{hf_attention}.{name}' for p, name in BART_PROJECTIONS.items()},
+            cfg.d_kv)
+        rows += hf_mapping.layer_norm((*ours, f'{attention}_norm'),
+                                      f'{theirs}.{hf_attention}_layer_norm')
+      rows += hf_mapping.linear((*ours, 'mlp', 'wi'), f'{theirs}.fc1')
+      rows += hf_mapping.linear((*ours, 'mlp', 'wo'), f'{theirs}.fc2')
+      head_input = stack == 'decoder' and i == num_layers - 1  # carries the head's factor
+      rows += hf_mapping.layer_norm((*ours, 'mlp_norm'), f'{theirs}.final_layer_norm',
+                                    cfg.d_model**-0.5 if head_input else 1.0)
+  return rows
+
+
+def bart_config(cfg: ModelConfig) -> dict[str, Any]:
+  return {
+      'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model,
+      'max_position_embeddings': cfg.max_length,
+      'encoder_layers': cfg.num_encoder_layers, 'decoder_layers': cfg.num_decoder_layers,
+      'encoder_attention_heads': cfg.num_heads, 'decoder_attention_heads': cfg.num_heads,
+      'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
+      'activation_function': FEED_FORWARD_PROJ[cfg.activation], 'dropout': cfg.dropout,
+      'activation_dropout': cfg.dropout, 'attention_dropout': 0.0, 'encoder_layerdrop': 0.0,
+      'decoder_layerdrop': 0.0, 'scale_embedding': False, 'tie_word_embeddings': True,
+      'is_encoder_decoder': True, 'use_cache': True, 'pad_token_id': PAD_ID, 'bos_token_id': None,
+      'eos_token_id': EOS_ID, 'decoder_start_token_id': PAD_ID, 'forced_bos_token_id': None,
+      'forced_eos_token_id': None, 'dtype': 'float32',
+  }
+
+
+def bart_zero_logits_bias(cfg: ModelConfig) -> dict[str, np.ndarray]:
+  return {'final_logits_bias': np.zeros((1, cfg.vocab_size), np.float32)}
+
+
+def bart_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Our ModelConfig fields for an HF BART config. A BartModel checkpoint (no 'model.' prefix)
+  imports too; attention dropout, which ours lacks, is dropped."""
+  _check_bart_config(config)
+  if 'model.shared.weight' not in tensors:
+    tensors = {f'model.{name}': value for name, value in tensors.items()}
+  if np.any(tensors.get('final_logits_bias', 0)):
+    raise ValueError("unsupported BART final_logits_bias other than zeros; ours has no such bias")
+  if config.get('scale_embedding', False):
+    tensors = _fold_embedding_scale(config, tensors)
+  fields = dict(
+      vocab_size=config['vocab_size'], d_model=config['d_model'], d_ff=config['encoder_ffn_dim'],
+      num_heads=config['encoder_attention_heads'],
+      d_kv=config['d_model'] // config['encoder_attention_heads'],
+      num_encoder_layers=config['encoder_layers'], num_decoder_layers=config['decoder_layers'],
+      activation=UNGATED_ACTIVATIONS[config.get('activation_function', 'gelu')],
+      max_length=config['max_position_embeddings'], dropout=config.get('dropout', 0.1),
+      **hf_mapping.BERT_LAYERS, norm_eps=BART_NORM_EPS)
+  return fields, tensors
+
+
+def _check_bart_config(config: dict[str, Any]) -> None:
+  """Refuses in one line a BART config.json that is not a model of ours."""
+  absent = [key for key in BART_REQUIRED if key not in config]
+  if absent:
+    raise ValueError(f'BART config.json misses {", ".join(absent)}')
+  activation = config.get('activation_function', 'gelu')
+  if activation not in UNGATED_ACTIVATIONS:
+    raise ValueError(f'unsupported BART activation_function={activation!r}; expected one of '
+                     f'{", ".join(UNGATED_ACTIVATIONS)}')
+  for key, value in BART_FIXED.items():
+    if config.get(key, value) != value:
+      raise ValueError(f'unsupported BART {key}={config[key]!r}; only {key}={value} imports')
+  for part in ('attention_heads', 'ffn_dim'):
+    encoder, decoder = config[f'encoder_{part}'], config[f'decoder_{part}']
+    if encoder != decoder:
+      raise ValueError(f'unsupported BART encoder_{part}={encoder} with decoder_{part}={decoder}; '
+                       'our stacks share num_heads and d_ff')
+
+
+def _fold_embedding_scale(config: dict[str, Any], tensors: dict[str, np.ndarray]
+                          ) -> dict[str, np.ndarray]:
+  """The tensors of a BART that scales its embeddings by sqrt(d_model), as those of one that does
+  not: the factor moves into the embedding and, as the tied head reads it too, out of the last
+  decoder layer's final_layer_norm."""
+  factor = config['d_model']**0.5
+  last = f'model.decoder.layers.{config["decoder_layers"] - 1}.final_layer_norm'
+  factors = {'model.shared.weight': factor, f'{last}.weight': 1 / factor,
+             f'{last}.bias': 1 / factor}
+  return {**tensors, **{name: np.asarray(tensors[name], np.float32) * f
+                        for name, f in factors.items() if name in tensors}}
+
+
 FAMILY = Family(
     arch='encoder_decoder', model=EncoderDecoder, sides=('encoder', 'decoder'), objective=None,
     stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder',
-    hf=(HfModel('T5', 'T5ForConditionalGeneration', 't5', check=hf_check, config=hf_config,
-                table=hf_table, load=hf_load),))
+    hf=(HfModel('BART', 'BartForConditionalGeneration', 'bart', check=bart_check,
+                config=bart_config, table=bart_table, extra=bart_zero_logits_bias, load=bart_load,
+                fits=lambda cfg: cfg.position == 'learned'),
+        HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
+                table=t5_table, load=t5_load)))

@@ -6,7 +6,8 @@ transposed, and our (heads, d_kv) biases are flattened. GPT-2's Conv1D keeps (in
 (`Row.conv1d`) and fuses q, k and v into one tensor: rows that name one tensor are its parts,
 concatenated along HF's output dim in table order. BERT-style attention divides q.k by
 sqrt(d_kv), which ours folds into the query weights: a BERT-layer table multiplies HF's query
-weight and bias by sqrt(d_kv).
+weight and bias by sqrt(d_kv). BART's position tables have 2 rows before position 0
+(`Row.leading_rows`).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -18,8 +19,10 @@ from t5lite.models.config import ModelConfig
 # Our activation -> HF's name ('gelu_new' is HF's tanh approximation).
 FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gated-gelu': 'gated-gelu',
                      'gated-silu': 'gated-silu'}
+# HF's activation_function -> ours, for GPT-2 and BART; HF's 'gelu' is exact, ours the tanh one.
+UNGATED_ACTIVATIONS = {FEED_FORWARD_PROJ[ours]: ours for ours in ('relu', 'gelu')}
 TYPE_VOCAB_SIZE = 2  # BERT's segments A and B
-# What a BERT-layer stack must be, field by field, to be HF's BertModel or ElectraModel exactly.
+# What a BERT-layer stack must be, field by field, to be HF's BertModel, ElectraModel or BART's.
 BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_bias=True,
                    embed_norm=True, tie_embeddings=True)
 
@@ -27,12 +30,15 @@ BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_b
 class Row(NamedTuple):
   """One tensor, or one part of a tensor that several rows name: our param path, HF's name, the
   input dims of a kernel (0: copied as is, biases flattened), the factor HF's tensor carries over
-  ours, and whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in)."""
+  ours, whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in), and the rows
+  HF's table has before ours (BART's positions start at row 2): zeros on export, dropped on
+  import."""
   path: tuple
   name: str
   num_in: int
   scale: float = 1.0
   conv1d: bool = False
+  leading_rows: int = 0
 
 
 class HfModel(NamedTuple):
@@ -43,7 +49,8 @@ class HfModel(NamedTuple):
   check: Callable[[ModelConfig], None]  # refuses in one line a config HF's model cannot be
   config: Callable[[ModelConfig], dict[str, Any]]  # the rest of config.json
   table: Callable[[ModelConfig], list[Row]]  # every tensor of HF's model we have
-  # HF's tensors we lack, written as they are (ELECTRA's token types, zeros)
+  # HF's tensors we lack, written as they are (ELECTRA's token types, BART's final_logits_bias:
+  # zeros)
   extra: Callable[[ModelConfig], dict[str, np.ndarray]] | None = None
   # config.json and tensors -> ModelConfig fields (arch aside) and the tensors `table` names;
   # None: export only
@@ -88,6 +95,15 @@ def layer_norm(ours: tuple, theirs: str, scale: float = 1.0) -> list[Row]:
           Row((*ours, 'bias'), f'{theirs}.bias', 0, scale)]
 
 
+def scaled_attention(ours: tuple, names: dict[str, str], d_kv: int) -> list[Row]:
+  """BERT-style attention's Linear layers (names: 'q', 'k', 'v', 'o' -> HF's); HF's query
+  carries the sqrt(d_kv) ours folds into its weights."""
+  rows = []
+  for p, name in names.items():
+    rows += linear((*ours, p), name, 2 if p == 'o' else 1, d_kv**0.5 if p == 'q' else 1.0)
+  return rows
+
+
 def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
   """A BERT-layer `Stack` (post-LN, biases, learned positions, embedding LayerNorm) as HF's
   BertModel/ElectraModel named `prefix`: embeddings and encoder layers."""
@@ -101,9 +117,9 @@ def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
   names = {'q': 'self.query', 'k': 'self.key', 'v': 'self.value', 'o': 'output.dense'}
   for i in range(cfg.num_encoder_layers):
     ours, theirs = (stack, 'layers', i), f'{prefix}.encoder.layer.{i}'
-    for p, name in names.items():
-      rows += linear((*ours, 'self_attention', p), f'{theirs}.attention.{name}',
-                     2 if p == 'o' else 1, cfg.d_kv**0.5 if p == 'q' else 1.0)
+    rows += scaled_attention((*ours, 'self_attention'),
+                             {p: f'{theirs}.attention.{name}' for p, name in names.items()},
+                             cfg.d_kv)
     rows += layer_norm((*ours, 'self_attention_norm'), f'{theirs}.attention.output.LayerNorm')
     rows += linear((*ours, 'mlp', 'wi'), f'{theirs}.intermediate.dense')
     rows += linear((*ours, 'mlp', 'wo'), f'{theirs}.output.dense')

@@ -301,7 +301,7 @@ def test_import_refuses_what_is_not_a_t5_checkpoint(exported, tmp_path):
     import_hf(str(tmp_path))
   with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
     json.dump({'model_type': 'bert'}, f)
-  with pytest.raises(ValueError, match="not a T5 or GPT-2 checkpoint: model_type='bert'"):
+  with pytest.raises(ValueError, match="not a BART or T5 or GPT-2 checkpoint: model_type='bert'"):
     import_hf(str(tmp_path))
   with open(os.path.join(folder, 'config.json')) as f:
     config = json.load(f)
