@@ -26,7 +26,7 @@ import numpy as np
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
-from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row, UNGATED_ACTIVATIONS
+from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row
 from t5lite.models.transformer import DecodeCache, Features, LanguageModel, Stack, shared_parts
 from t5lite.token_ids import EOS_ID, PAD_ID
 
@@ -113,24 +113,16 @@ def hf_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Our ModelConfig fields for an HF GPT-2 config. A GPT2Model checkpoint (OpenAI's) names its
   tensors without the 'transformer.' prefix; attention dropout, which ours lacks, is dropped."""
-  required = ('vocab_size', 'n_embd', 'n_layer', 'n_head', 'n_positions')
-  absent = [key for key in required if key not in config]
-  if absent:
-    raise ValueError(f'GPT-2 config.json misses {", ".join(absent)}')
-  activation = config.get('activation_function', 'gelu_new')
-  if activation not in UNGATED_ACTIVATIONS:
-    raise ValueError(f'unsupported GPT-2 activation_function={activation!r}; expected one of '
-                     f'{", ".join(UNGATED_ACTIVATIONS)}')
-  for key, value in GPT2_FIXED.items():
-    if config.get(key, value) != value:
-      raise ValueError(f'unsupported GPT-2 {key}={config[key]!r}; only {key}={value} imports')
+  activation = hf_mapping.check_hf_config(
+      config, 'GPT-2', ('vocab_size', 'n_embd', 'n_layer', 'n_head', 'n_positions'), GPT2_FIXED,
+      default_activation='gelu_new')
   if 'transformer.wte.weight' not in tensors:
     tensors = {f'transformer.{name}': value for name, value in tensors.items()}
   fields = dict(
       vocab_size=config['vocab_size'], d_model=config['n_embd'],
       d_ff=config.get('n_inner') or 4 * config['n_embd'], num_heads=config['n_head'],
       d_kv=config['n_embd'] // config['n_head'], num_encoder_layers=0,
-      num_decoder_layers=config['n_layer'], activation=UNGATED_ACTIVATIONS[activation],
+      num_decoder_layers=config['n_layer'], activation=activation,
       norm_eps=config.get('layer_norm_epsilon', 1e-5), max_length=config['n_positions'],
       dropout=config.get('resid_pdrop', 0.1), **GPT2_FIELDS)
   return fields, tensors

@@ -29,7 +29,7 @@ import numpy as np
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
-from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row, UNGATED_ACTIVATIONS
+from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row
 from t5lite.models.transformer import DecodeCache, Features, LanguageModel, Stack, shared_parts
 from t5lite.token_ids import EOS_ID, PAD_ID
 
@@ -245,7 +245,7 @@ def bart_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
               ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Our ModelConfig fields for an HF BART config. A BartModel checkpoint (no 'model.' prefix)
   imports too; attention dropout, which ours lacks, is dropped."""
-  _check_bart_config(config)
+  activation = _check_bart_config(config)
   if 'model.shared.weight' not in tensors:
     tensors = {f'model.{name}': value for name, value in tensors.items()}
   if np.any(tensors.get('final_logits_bias', 0)):
@@ -257,29 +257,22 @@ def bart_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
       num_heads=config['encoder_attention_heads'],
       d_kv=config['d_model'] // config['encoder_attention_heads'],
       num_encoder_layers=config['encoder_layers'], num_decoder_layers=config['decoder_layers'],
-      activation=UNGATED_ACTIVATIONS[config.get('activation_function', 'gelu')],
+      activation=activation,
       max_length=config['max_position_embeddings'], dropout=config.get('dropout', 0.1),
       **hf_mapping.BERT_LAYERS, norm_eps=BART_NORM_EPS)
   return fields, tensors
 
 
-def _check_bart_config(config: dict[str, Any]) -> None:
-  """Refuses in one line a BART config.json that is not a model of ours."""
-  absent = [key for key in BART_REQUIRED if key not in config]
-  if absent:
-    raise ValueError(f'BART config.json misses {", ".join(absent)}')
-  activation = config.get('activation_function', 'gelu')
-  if activation not in UNGATED_ACTIVATIONS:
-    raise ValueError(f'unsupported BART activation_function={activation!r}; expected one of '
-                     f'{", ".join(UNGATED_ACTIVATIONS)}')
-  for key, value in BART_FIXED.items():
-    if config.get(key, value) != value:
-      raise ValueError(f'unsupported BART {key}={config[key]!r}; only {key}={value} imports')
+def _check_bart_config(config: dict[str, Any]) -> str:
+  """Refuses in one line a BART config.json that is not a model of ours; returns our activation."""
+  activation = hf_mapping.check_hf_config(config, 'BART', BART_REQUIRED, BART_FIXED,
+                                          default_activation='gelu')
   for part in ('attention_heads', 'ffn_dim'):
     encoder, decoder = config[f'encoder_{part}'], config[f'decoder_{part}']
     if encoder != decoder:
       raise ValueError(f'unsupported BART encoder_{part}={encoder} with decoder_{part}={decoder}; '
                        'our stacks share num_heads and d_ff')
+  return activation
 
 
 def _fold_embedding_scale(config: dict[str, Any], tensors: dict[str, np.ndarray]

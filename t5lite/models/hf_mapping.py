@@ -138,3 +138,20 @@ def bert_config(cfg: ModelConfig) -> dict[str, Any]:
       'layer_norm_eps': cfg.norm_eps, 'position_embedding_type': 'absolute',
       'pad_token_id': 0, 'dtype': 'float32',
   }
+
+
+def check_hf_config(config: dict[str, Any], name: str, required: tuple[str, ...],
+                    fixed: dict[str, Any], default_activation: str) -> str:
+  """Refuses in one line an HF config.json that misses a `required` key, has an activation ours
+  lacks or sets a `fixed` field otherwise; returns our name of its activation."""
+  absent = [key for key in required if key not in config]
+  if absent:
+    raise ValueError(f'{name} config.json misses {", ".join(absent)}')
+  activation = config.get('activation_function', default_activation)
+  if activation not in UNGATED_ACTIVATIONS:
+    raise ValueError(f'unsupported {name} activation_function={activation!r}; expected one of '
+                     f'{", ".join(UNGATED_ACTIVATIONS)}')
+  for key, value in fixed.items():
+    if config.get(key, value) != value:
+      raise ValueError(f'unsupported {name} {key}={config[key]!r}; only {key}={value} imports')
+  return UNGATED_ACTIVATIONS[activation]

@@ -1,10 +1,7 @@
 """Hugging Face export/import of BART-shaped encoder-decoders (BartForConditionalGeneration):
 logits and greedy decoding agree with transformers, an import gives back the params that were
 exported, and a model saved by transformers imports.
-
-transformers runs on CPU in float32 with random weights (no downloads). Every tensor is perturbed
-away from its initial value (biases and LayerNorm offsets stop being 0, scales 1) so that a wrong
-mapping shows.
+(tests/export/hf_testing.py: how weights are perturbed).
 """
 
 import dataclasses
@@ -13,7 +10,6 @@ import os
 import pathlib
 
 from flax import nnx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,9 +17,10 @@ import safetensors.numpy
 
 from t5lite import config as t5config
 from t5lite.export import export_hf, import_hf
-from t5lite.models import ModelConfig, build, decoding, get_params, load_params, stack_layers
-from t5lite.models.params import flatten
+from t5lite.models import ModelConfig, decoding
 from t5lite.token_ids import EOS_ID, PAD_ID
+from tests.export.hf_testing import (assert_imports_as_exported, assert_same_params, our_model,
+                                     perturb_torch, perturbed_params, swap_with_eos)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -44,17 +41,6 @@ def tiny(**overrides) -> ModelConfig:
   return dataclasses.replace(BART_BASE, **{**SMALL, **overrides})
 
 
-def perturbed_params(cfg: ModelConfig, seed: int) -> dict:
-  """Our unrolled params, every one perturbed. The token embedding shrinks so that the layers,
-  not the last token's own embedding, pick the next token (a random tied model repeats its
-  input)."""
-  rng = np.random.RandomState(seed)
-  params = jax.tree.map(lambda x: x * (1 + 0.3 * rng.randn(*x.shape)) + 0.1 * rng.randn(*x.shape),
-                        get_params(build(cfg, nnx.Rngs(seed))))
-  params['embed']['embedding'] = 0.1 * params['embed']['embedding']
-  return params
-
-
 def encoder_inputs() -> np.ndarray:
   """Encoder tokens (4, ENCODER_LENGTH) of 12, 9, 5 and 1 tokens, 0-padded."""
   tokens = np.random.RandomState(3).randint(2, SMALL['vocab_size'], (4, ENCODER_LENGTH))
@@ -67,12 +53,6 @@ def decoder_inputs(seed: int) -> np.ndarray:
   tokens = np.random.RandomState(seed).randint(2, SMALL['vocab_size'], (4, DECODER_LENGTH))
   tokens[:, 0] = PAD_ID
   return tokens.astype(np.int32)
-
-
-def our_model(cfg: ModelConfig, params: dict):
-  model = build(cfg, nnx.Rngs(0))
-  load_params(model, stack_layers(params) if cfg.scan_layers else params)
-  return model
 
 
 def greedy(model, inputs: np.ndarray) -> np.ndarray:
@@ -95,13 +75,6 @@ def logit_diff(model, hf, seed: int) -> float:
   return float(np.abs(ours - theirs).max())
 
 
-def assert_same_params(ours: dict, expected: dict) -> None:
-  ours, expected = dict(flatten(ours)), dict(flatten(expected))
-  assert ours.keys() == expected.keys()
-  for path, value in expected.items():
-    np.testing.assert_array_equal(ours[path], value, err_msg='/'.join(map(str, path)))
-
-
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
   """(our unrolled params, their export folder, transformers' model loaded from it).
@@ -111,9 +84,7 @@ def exported(tmp_path_factory):
   for two tokens' names, whose decoding of row 0 now ends there.
   """
   params = perturbed_params(tiny(), seed=4)
-  token = greedy(our_model(tiny(), params), encoder_inputs())[0, 4]
-  embedding = params['embed']['embedding'] = np.array(params['embed']['embedding'])
-  embedding[[EOS_ID, token]] = embedding[[token, EOS_ID]]
+  params = swap_with_eos(params, greedy(our_model(tiny(), params), encoder_inputs())[0, 4])
   folder = str(tmp_path_factory.mktemp('bart'))
   export_hf(params, tiny(), folder)
   return params, folder, load_bart(folder)
@@ -174,13 +145,8 @@ def test_greedy_decoding_matches_transformers(exported, scan_layers, tmp_path):
 
 def test_import_gives_back_the_exported_params(exported):
   params, folder, _ = exported
-  cfg, imported = import_hf(folder)
-  assert cfg == tiny()
-  assert_same_params(imported, params)
-  cfg, imported = import_hf(folder, scan_layers=True)
-  assert cfg == tiny(scan_layers=True)
+  imported = assert_imports_as_exported(folder, params, tiny())
   assert imported['decoder']['layers']['cross_attention']['q']['kernel'].shape == (2, 64, 4, 16)
-  assert_same_params(imported, stack_layers(params))
 
 
 @pytest.mark.parametrize('scale_embedding', [False, True])
@@ -193,11 +159,7 @@ def test_import_from_transformers(scale_embedding, tmp_path):
       decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
       max_position_embeddings=64, activation_function='gelu_new', scale_embedding=scale_embedding,
       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, forced_eos_token_id=None)
-  torch.manual_seed(5)
-  hf = transformers.BartForConditionalGeneration(config).eval()
-  with torch.no_grad():
-    for parameter in hf.parameters():
-      parameter.mul_(1 + 0.3 * torch.randn_like(parameter)).add_(0.1 * torch.randn_like(parameter))
+  hf = perturb_torch(transformers.BartForConditionalGeneration(config).eval(), seed=5)
   hf.save_pretrained(tmp_path / 'lm')
   hf.model.save_pretrained(tmp_path / 'base')
   cfg, params = import_hf(str(tmp_path / 'lm'))

@@ -1,25 +1,22 @@
 """Hugging Face export/import of decoder-only models as GPT-2 (GPT2LMHeadModel): logits and greedy
 decoding agree with transformers, and an import gives back the params that were exported.
-
-transformers runs on CPU in float32 with random weights (no downloads). Every tensor is perturbed
-away from its initial value (biases and LayerNorm offsets stop being 0, scales 1) so that a wrong
-mapping shows.
+(tests/export/hf_testing.py: how weights are perturbed).
 """
 
 import json
 import os
 
 from flax import nnx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
 
 from t5lite.export import export_hf, import_hf
-from t5lite.models import ModelConfig, build, decoding, get_params, load_params, stack_layers
-from t5lite.models.params import flatten
+from t5lite.models import ModelConfig, decoding
 from t5lite.token_ids import EOS_ID, PAD_ID
+from tests.export.hf_testing import (assert_imports_as_exported, assert_same_params, our_model,
+                                     perturb_torch, perturbed_params, swap_with_eos)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -39,17 +36,6 @@ def tiny(**overrides) -> ModelConfig:
   return ModelConfig(**{**GPT2, **overrides})
 
 
-def perturbed_params(cfg: ModelConfig, seed: int) -> dict:
-  """Our unrolled params, every one perturbed. The token embedding shrinks so that the layers,
-  not the last token's own embedding, pick the next token (a random tied model repeats its
-  input)."""
-  rng = np.random.RandomState(seed)
-  params = jax.tree.map(lambda x: x * (1 + 0.3 * rng.randn(*x.shape)) + 0.1 * rng.randn(*x.shape),
-                        get_params(build(cfg, nnx.Rngs(seed))))
-  params['embed']['embedding'] = 0.1 * params['embed']['embedding']
-  return params
-
-
 def prompts() -> np.ndarray:
   """Right-padded prompts (4, 6) of 6, 4, 1 and 0 tokens."""
   tokens = np.random.RandomState(3).randint(2, GPT2['vocab_size'], (4, 6))
@@ -61,21 +47,8 @@ def greedy(model, inputs: np.ndarray) -> np.ndarray:
   return np.asarray(decoding.generate(model, jnp.asarray(inputs), max_decode_length=DECODE_LENGTH))
 
 
-def our_model(cfg: ModelConfig, params: dict):
-  model = build(cfg, nnx.Rngs(0))
-  load_params(model, stack_layers(params) if cfg.scan_layers else params)
-  return model
-
-
 def load_gpt2(folder: str):
   return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def assert_same_params(ours: dict, expected: dict) -> None:
-  ours, expected = dict(flatten(ours)), dict(flatten(expected))
-  assert ours.keys() == expected.keys()
-  for path, value in expected.items():
-    np.testing.assert_array_equal(ours[path], value, err_msg='/'.join(map(str, path)))
 
 
 def right_padded(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,9 +82,7 @@ def exported(tmp_path_factory):
   gives 5th in row 0: the same model but for two tokens' names, whose decoding now ends early.
   """
   params = perturbed_params(tiny(), seed=1)
-  token = greedy(our_model(tiny(), params), prompts())[0, 4]
-  embedding = params['embed']['embedding'] = np.array(params['embed']['embedding'])
-  embedding[[EOS_ID, token]] = embedding[[token, EOS_ID]]
+  params = swap_with_eos(params, greedy(our_model(tiny(), params), prompts())[0, 4])
   folder = str(tmp_path_factory.mktemp('gpt2'))
   export_hf(params, tiny(), folder)
   return params, folder, load_gpt2(folder)
@@ -188,13 +159,8 @@ def test_transformers_generates_without_a_mask_or_a_prompt(exported):
 
 def test_import_gives_back_the_exported_params(exported):
   params, folder, _ = exported
-  cfg, imported = import_hf(folder)
-  assert cfg == tiny()
-  assert_same_params(imported, params)
-  cfg, imported = import_hf(folder, scan_layers=True)
-  assert cfg == tiny(scan_layers=True)
+  imported = assert_imports_as_exported(folder, params, tiny())
   assert imported['decoder']['layers']['mlp']['wi']['kernel'].shape == (2, 64, 128)
-  assert_same_params(imported, stack_layers(params))
 
 
 def test_import_from_transformers(tmp_path):
@@ -202,11 +168,7 @@ def test_import_from_transformers(tmp_path):
   the 'transformer.' prefix (OpenAI's checkpoint on the Hub)."""
   config = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=32,
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-  torch.manual_seed(4)
-  hf = transformers.GPT2LMHeadModel(config).eval()
-  with torch.no_grad():
-    for parameter in hf.parameters():
-      parameter.mul_(1 + 0.3 * torch.randn_like(parameter)).add_(0.1 * torch.randn_like(parameter))
+  hf = perturb_torch(transformers.GPT2LMHeadModel(config).eval(), seed=4)
   hf.save_pretrained(tmp_path / 'lm')
   hf.transformer.save_pretrained(tmp_path / 'base')
   cfg, params = import_hf(str(tmp_path / 'lm'))
