@@ -211,3 +211,29 @@ def test_import_refuses_what_t5lite_cannot_be(exported, change, message, tmp_pat
   os.symlink(os.path.join(folder, 'model.safetensors'), tmp_path / 'model.safetensors')
   with pytest.raises(ValueError, match=message):
     import_hf(str(tmp_path))
+
+
+def test_text_generation_pipeline_writes_what_t5lite_infer_writes(tmp_path, capsys):
+  """A GPT-2 folder with the bundled vocabulary as its tokenizer: `pipeline('text-generation')`
+  on it continues each text as `t5lite infer` does on the workdir `t5lite import-hf` makes of
+  it. Prompts start from our start token, which the tokenizer spells `<pad>` (prefix)."""
+  from t5lite import cli  # pylint: disable=import-outside-toplevel
+  from t5lite.export import tokenizer  # pylint: disable=import-outside-toplevel
+  cfg = tiny(vocab_size=8192, max_length=64)
+  folder, workdir = tmp_path / 'hf', tmp_path / 'run'
+  export_hf(perturbed_params(cfg, seed=7), cfg, str(folder))
+  tokenizer.export_tokenizer('bundled', str(folder))
+  assert cli.main(['import-hf', f'--hf={folder}', f'--workdir={workdir}',
+                   '--config.data.objective=causal_lm', '--config.data.inputs_length=32',
+                   '--config.data.targets_length=32']) == 0
+  texts = ['It was the best of times,', 'Call me Ishmael.', 'The']
+  capsys.readouterr()
+  assert cli.main(['infer', f'--workdir={workdir}', *[f'--input={t}' for t in texts],
+                   '--max_decode_length=8']) == 0
+  ours = capsys.readouterr().out.splitlines()
+  generate = transformers.pipeline('text-generation', model=str(folder), device='cpu')
+  theirs = [generate(text, prefix='<pad>', add_special_tokens=False, max_new_tokens=8,
+                     do_sample=False, return_full_text=False)[0]['generated_text'].strip()
+            for text in texts]
+  print(ours, theirs)
+  assert len(set(ours)) == 3 and theirs == ours
