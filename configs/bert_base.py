@@ -1,13 +1,13 @@
-"""BERT base (Devlin et al. 2019): encoder-only, post-LN, GELU, learned positions; masked LM and
-next-sentence prediction.
+"""BERT base (Devlin et al. 2019): encoder-only, post-LN, GELU, learned positions; masked LM, its
+head transformed first (dense, GELU, LayerNorm), and next-sentence prediction.
 
-109.5M parameters (published: 110M) with BERT's vocabulary size, 30,522, padded to 30,592 (a
-multiple of 128); the data still comes through `data.vocabulary` (the bundled 8,100-id one uses
-only the first rows; train a matching one with `t5lite tokenizer`). Each row is
-[CLS] A [SEP] B [SEP] (<extra_id_1> and <extra_id_2> stand for [CLS] and [SEP]), B the text after
-A or text from elsewhere, half and half, with token-type embeddings for A and B; 15% of A and B
-selected, 80% <extra_id_0> as [MASK] / 10% random / 10% kept, a new mask every epoch. Left out:
-the MLM head's transform layer. Without next-sentence prediction (as RoBERTa):
+110.2M parameters (published: 110M; Hugging Face's BertForPreTraining, which it exports as, has
+110,106,428) with BERT's vocabulary size, 30,522, padded to 30,592 (a multiple of 128); the data
+still comes through `data.vocabulary` (the bundled 8,100-id one uses only the first rows; train a
+matching one with `t5lite tokenizer`). Each row is [CLS] A [SEP] B [SEP] (<extra_id_1> and
+<extra_id_2> stand for [CLS] and [SEP]), B the text after A or text from elsewhere, half and half,
+with token-type embeddings for A and B; 15% of A and B selected, 80% <extra_id_0> as [MASK] / 10%
+random / 10% kept, a new mask every epoch. Without next-sentence prediction (BertForMaskedLM):
 `--config.model.next_sentence=False --config.data.objective=mlm`.
 
   t5lite train --config=configs/bert_base.py --workdir=runs/bert_base
@@ -29,7 +29,8 @@ def get_config():
       num_encoder_layers=12,
       num_decoder_layers=0,
       max_length=512,
-      next_sentence=True)
+      next_sentence=True,
+      mlm_transform='bert')
   config.data.update(objective='mlm_nsp', inputs_length=512, targets_length=0, batch_size=256,
                      noise_density=0.15)
   config.train.update(steps=1_000_000)

@@ -1,13 +1,15 @@
 """Hugging Face export and import: config.json + model.safetensors.
 
 What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5 and
-BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration) and GPT-2
-decoders (GPT2LMHeadModel) go both ways;
-ELECTRA exports its discriminator (ElectraForPreTraining) and BERT with next-sentence prediction
-its encoder, pooler and classifier (BertForNextSentencePrediction). Here is what they share: the
-family's checks, its config.json, and every tensor its table names, reshaped to PyTorch's Linear
-(or GPT-2's Conv1D) layout and concatenated where one HF tensor fuses several of ours. Export
-needs neither torch nor transformers; tensors are written as float32.
+BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration), GPT-2 decoders
+(GPT2LMHeadModel) and encoders with HF's MLM head (BertForPreTraining, BertForMaskedLM,
+RobertaForMaskedLM) go both ways; ELECTRA exports its discriminator (ElectraForPreTraining) and
+BERT with next-sentence prediction but our plain MLM head its encoder, pooler and classifier
+(BertForNextSentencePrediction). Here is what they share: the family's checks, its config.json,
+and every tensor its table names, reshaped to PyTorch's Linear (or GPT-2's Conv1D) layout and
+concatenated where one HF tensor fuses several of ours. Import picks the model by config.json's
+model_type, and among BERT's by its architectures. Export needs neither torch nor transformers;
+tensors are written as float32.
 """
 
 import dataclasses
@@ -35,11 +37,16 @@ def _hf_model(cfg: ModelConfig) -> HfModel:
   """cfg's Hugging Face model, once cfg is checked to be that model exactly."""
   fitting = [hf for hf in family(cfg.arch).hf if hf.fits(cfg)]
   if not fitting:
-    names = [hf.name for f in registry.FAMILIES.values() for hf in f.hf]
-    raise ValueError(f'export supports {", ".join(names[:-1])} and {names[-1]} models; '
-                     f'got arch={cfg.arch}')
+    models = [hf for f in registry.FAMILIES.values() for hf in f.hf]
+    raise ValueError(f'export supports {_listed(models, "and")} models; got arch={cfg.arch}')
   fitting[0].check(cfg)
   return fitting[0]
+
+
+def _listed(models: list[HfModel], conjunction: str) -> str:
+  """Each model's name once: 'T5, BERT and GPT-2'."""
+  names = list(dict.fromkeys(hf.name for hf in models))
+  return f'{", ".join(names[:-1])} {conjunction} {names[-1]}' if len(names) > 1 else names[0]
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -74,9 +81,25 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
                               metadata={'format': 'pt'})
 
 
-def _importable() -> dict[str, tuple[Family, HfModel]]:
-  """The Hugging Face models that import, and their families, by model_type."""
-  return {hf.model_type: (f, hf) for f in registry.FAMILIES.values() for hf in f.hf if hf.load}
+def _reader(folder: str, config: dict[str, Any]) -> tuple[Family, HfModel]:
+  """The family and HF model that read a folder of this config.json: by its model_type, and
+  where several HF models that import share one (BERT's), by its architectures."""
+  importable = {}
+  for f in registry.FAMILIES.values():
+    for hf in f.hf:
+      if hf.load:
+        importable.setdefault(hf.model_type, []).append((f, hf))
+  if config.get('model_type') not in importable:
+    models = [hf for same_type in importable.values() for _, hf in same_type]
+    raise ValueError(f'{folder} is not a {_listed(models, "or")} checkpoint: '
+                     f'model_type={config.get("model_type")!r}')
+  readers = importable[config['model_type']]
+  architectures = config.get('architectures') or []
+  named = [(f, hf) for f, hf in readers if hf.architecture in architectures]
+  if len(readers) > 1 and not named:
+    raise ValueError(f'{folder} holds architectures={config.get("architectures")}; import reads '
+                     f'{" or ".join(hf.architecture for _, hf in readers)}')
+  return (named or readers)[0]
 
 
 def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
@@ -85,11 +108,7 @@ def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
   model.safetensors (single or sharded); a local folder or a gs:// one."""
   root = paths.path(folder)
   config = _read_json(root / CONFIG_FILE, f'{folder} is not a Hugging Face checkpoint')
-  importable = _importable()
-  if config.get('model_type') not in importable:
-    names = ' or '.join(hf.name for _, hf in importable.values())
-    raise ValueError(f'{folder} is not a {names} checkpoint: '
-                     f'model_type={config.get("model_type")!r}')
+  reader = _reader(folder, config)
   if (root / INDEX_FILE).is_file():
     files = sorted(set(_read_json(root / INDEX_FILE, folder).get('weight_map', {}).values()))
   elif (root / WEIGHTS_FILE).is_file():
@@ -102,7 +121,7 @@ def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
       tensors.update(safetensors.numpy.load((root / name).read_bytes()))
     except (OSError, safetensors.SafetensorError) as error:
       raise ValueError(f'{root / name} cannot be read ({error}); is it complete?') from None
-  return importable[config['model_type']], config, tensors
+  return reader, config, tensors
 
 
 def _read_json(file, what: str) -> dict:
@@ -115,8 +134,8 @@ def _read_json(file, what: str) -> dict:
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2); params load
-  with `load_params(build(cfg), ...)`.
+  """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2, BERT,
+  RoBERTa); params load with `load_params(build(cfg), ...)`.
 
   overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
   """
@@ -166,14 +185,14 @@ def _hf_shape(shape: tuple, row: Row) -> tuple:
 
 def _to_hf(value, row: Row) -> np.ndarray:
   """Our array -> its part of HF's tensor: scaled, a kernel (in..., out...) as (in, out) (Conv1D)
-  or (out, in) (Linear), (heads, d_kv) biases flattened, a table after its leading zero rows."""
+  or (out, in) (Linear), (heads, d_kv) biases flattened, zero rows before a table's."""
   value = np.asarray(value, np.float32) * np.float32(row.scale)
   if row.num_in:
     value = value.reshape(math.prod(value.shape[:row.num_in]), -1)
     return value if row.conv1d else value.T
-  if row.name.endswith('.bias'):
-    return value.reshape(-1)
-  return np.pad(value, [(row.leading_rows, 0)] + [(0, 0)] * (value.ndim - 1))
+  if row.leading_rows:
+    return np.pad(value, [(row.leading_rows, 0)] + [(0, 0)] * (value.ndim - 1))
+  return value.reshape(-1) if row.name.endswith('.bias') else value
 
 
 def _our_parts(name: str, value: np.ndarray, rows: list[Row], shapes: list[tuple]
@@ -194,6 +213,5 @@ def _from_hf(part: np.ndarray, row: Row, shape: tuple) -> np.ndarray:
   """`_to_hf` undone: HF's part -> our array of `shape`."""
   if row.num_in and not row.conv1d:
     part = part.T  # (out, in) -> (in, out)
-  elif not row.num_in:
-    part = part[row.leading_rows:]
+  part = part[row.leading_rows:]  # a table's rows HF's has before ours
   return (part / np.float32(row.scale)).reshape(shape)

@@ -54,7 +54,10 @@ def require_layers(cfg: ModelConfig, *fields: str) -> None:
       raise ValueError(f'model.arch={cfg.arch!r} needs {field} > 0')
 
 
-def refuse_next_sentence(cfg: ModelConfig) -> None:
-  """For the families without BERT's next-sentence heads."""
+def refuse_encoder_heads(cfg: ModelConfig) -> None:
+  """For the families without BERT's next-sentence heads and MLM transform."""
   if cfg.next_sentence:
     raise ValueError(f"model.next_sentence is BERT's (arch=encoder), not arch={cfg.arch!r}")
+  if cfg.mlm_transform != 'none':
+    raise ValueError(f"model.mlm_transform is BERT's and RoBERTa's (arch=encoder), not "
+                     f"arch={cfg.arch!r}")

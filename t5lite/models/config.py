@@ -16,6 +16,7 @@ POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
 ATTENTIONS = ('xla', 'cudnn', 'einsum')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
+MLM_TRANSFORMS = ('none', 'bert', 'roberta')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,11 @@ class ModelConfig:
   # BERT's next-sentence prediction (encoder only): token-type (segment A/B) embeddings and a
   # pooled [CLS] classifier beside the MLM head
   next_sentence: bool = False
+  # The MLM head's transform (encoder only), as Hugging Face's: dense d_model -> d_model,
+  # activation and norm before the tied output, and a bias per vocabulary entry after it. none
+  # (T5's head) | bert (the layers' activation, as BertPredictionHeadTransform's hidden_act) |
+  # roberta (the exact erf GELU that RobertaLMHead fixes, whatever the layers')
+  mlm_transform: str = 'none'
   use_bias: bool = False  # T5 has no biases; BERT, GPT-2 and Vaswani do
   dropout: float = 0.0
   dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
@@ -68,6 +74,7 @@ class ModelConfig:
     choice('position', POSITIONS)
     choice('attention', ATTENTIONS)
     choice('remat_policy', REMAT_POLICIES)
+    choice('mlm_transform', MLM_TRANSFORMS)
     choice('dtype', DTYPES)
     choice('param_dtype', DTYPES)
     for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length'):

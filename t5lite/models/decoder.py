@@ -63,7 +63,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_decoder_layers')
-  architecture.refuse_next_sentence(cfg)
+  architecture.refuse_encoder_heads(cfg)
 
 
 GPT2_FIELDS = dict(position='learned', norm='layer', norm_position='pre', use_bias=True,

@@ -26,7 +26,6 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
@@ -100,7 +99,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers')
-  architecture.refuse_next_sentence(cfg)
+  architecture.refuse_encoder_heads(cfg)
 
 
 def hf_check(cfg: ModelConfig) -> None:
@@ -119,13 +118,8 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
   return {'embedding_size': cfg.d_model, **hf_mapping.bert_config(cfg)}
 
 
-def hf_zero_token_types(cfg: ModelConfig) -> dict[str, np.ndarray]:
-  return {'electra.embeddings.token_type_embeddings.weight': np.zeros(
-      (hf_mapping.TYPE_VOCAB_SIZE, cfg.d_model), np.float32)}
-
-
 FAMILY = Family(
     arch='electra', model=Electra, sides=('encoder',), objective='electra',
     stacks=('generator', 'discriminator'), shapes=shapes, check=check, prompt=None,
     hf=(HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check, config=hf_config,
-                table=hf_table, extra=hf_zero_token_types),))
+                table=hf_table, extra=lambda cfg: hf_mapping.zero_token_types(cfg, 'electra')),))

@@ -94,7 +94,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers', 'num_decoder_layers')
-  architecture.refuse_next_sentence(cfg)
+  architecture.refuse_encoder_heads(cfg)
 
 
 T5_FIELDS = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)

@@ -4,10 +4,10 @@ A family names every tensor (`HfModel.table`); t5lite/export/hf.py does the rest
 PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in) flattened and
 transposed, and our (heads, d_kv) biases are flattened. GPT-2's Conv1D keeps (in, out)
 (`Row.conv1d`) and fuses q, k and v into one tensor: rows that name one tensor are its parts,
-concatenated along HF's output dim in table order. BERT-style attention divides q.k by
-sqrt(d_kv), which ours folds into the query weights: a BERT-layer table multiplies HF's query
-weight and bias by sqrt(d_kv). BART's position tables have 2 rows before position 0
-(`Row.leading_rows`).
+concatenated along HF's output dim in table order. HF's table may have rows before ours
+(`Row.leading_rows`: BART's positions start at row 2, RoBERTa's at pad_token_id + 1).
+BERT-style attention divides q.k by sqrt(d_kv), which ours folds into the query weights: a
+BERT-layer table multiplies HF's query weight and bias by sqrt(d_kv).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -19,7 +19,8 @@ from t5lite.models.config import ModelConfig
 # Our activation -> HF's name ('gelu_new' is HF's tanh approximation).
 FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gated-gelu': 'gated-gelu',
                      'gated-silu': 'gated-silu'}
-# HF's activation_function -> ours, for GPT-2 and BART; HF's 'gelu' is exact, ours the tanh one.
+# HF's activation names that import: our ungated activations (HF's 'gelu' is the erf GELU, ours
+# the tanh approximation)
 UNGATED_ACTIVATIONS = {FEED_FORWARD_PROJ[ours]: ours for ours in ('relu', 'gelu')}
 TYPE_VOCAB_SIZE = 2  # BERT's segments A and B
 # What a BERT-layer stack must be, field by field, to be HF's BertModel, ElectraModel or BART's.
@@ -30,9 +31,8 @@ BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_b
 class Row(NamedTuple):
   """One tensor, or one part of a tensor that several rows name: our param path, HF's name, the
   input dims of a kernel (0: copied as is, biases flattened), the factor HF's tensor carries over
-  ours, whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in), and the rows
-  HF's table has before ours (BART's positions start at row 2): zeros on export, dropped on
-  import."""
+  ours, whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in), and how many
+  rows HF's table has before ours (zeros on export, dropped on import)."""
   path: tuple
   name: str
   num_in: int
@@ -104,12 +104,15 @@ def scaled_attention(ours: tuple, names: dict[str, str], d_kv: int) -> list[Row]
   return rows
 
 
-def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
+def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str,
+                     position_offset: int = 0) -> list[Row]:
   """A BERT-layer `Stack` (post-LN, biases, learned positions, embedding LayerNorm) as HF's
-  BertModel/ElectraModel named `prefix`: embeddings and encoder layers."""
+  BertModel/ElectraModel/RobertaModel named `prefix`: embeddings and encoder layers. Our position
+  p is HF's p + position_offset."""
   rows = [Row(('embed', 'embedding'), f'{prefix}.embeddings.word_embeddings.weight', 0),
           Row((stack, 'position_embedding', 'embedding'),
-              f'{prefix}.embeddings.position_embeddings.weight', 0),
+              f'{prefix}.embeddings.position_embeddings.weight', 0,
+              leading_rows=position_offset),
           *layer_norm((stack, 'embed_norm'), f'{prefix}.embeddings.LayerNorm')]
   if cfg.next_sentence:
     rows.append(Row((stack, 'type_embedding', 'embedding'),
@@ -140,18 +143,43 @@ def bert_config(cfg: ModelConfig) -> dict[str, Any]:
   }
 
 
+def zero_token_types(cfg: ModelConfig, prefix: str,
+                     types: int = TYPE_VOCAB_SIZE) -> dict[str, np.ndarray]:
+  """HF's token-type table for a stack without ours: zeros, so that type 0 adds nothing."""
+  return {f'{prefix}.embeddings.token_type_embeddings.weight':
+          np.zeros((types, cfg.d_model), np.float32)}
+
+
 def check_hf_config(config: dict[str, Any], name: str, required: tuple[str, ...],
-                    fixed: dict[str, Any], default_activation: str) -> str:
+                    fixed: dict[str, Any], default_activation: str,
+                    activation_key: str = 'activation_function') -> str:
   """Refuses in one line an HF config.json that misses a `required` key, has an activation ours
   lacks or sets a `fixed` field otherwise; returns our name of its activation."""
   absent = [key for key in required if key not in config]
   if absent:
     raise ValueError(f'{name} config.json misses {", ".join(absent)}')
-  activation = config.get('activation_function', default_activation)
+  activation = config.get(activation_key, default_activation)
   if activation not in UNGATED_ACTIVATIONS:
-    raise ValueError(f'unsupported {name} activation_function={activation!r}; expected one of '
-                     f'{", ".join(UNGATED_ACTIVATIONS)}')
-  for key, value in fixed.items():
+    raise ValueError(f'unsupported {name} {activation_key}={activation!r}; expected one of '
+                     f'{", ".join(UNGATED_ACTIVATIONS)} (t5lite\'s gelu is the tanh approximation)')
+  for key, value in fixed.items():  # absent: the value given
     if config.get(key, value) != value:
       raise ValueError(f'unsupported {name} {key}={config[key]!r}; only {key}={value} imports')
   return UNGATED_ACTIVATIONS[activation]
+
+
+def bert_fields(config: dict[str, Any], name: str, fixed: dict[str, Any]) -> dict[str, Any]:
+  """Our ModelConfig fields for the BERT layers of an HF config.json (`bert_config` undone);
+  attention dropout, which ours lacks, is dropped."""
+  required = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads',
+              'intermediate_size', 'max_position_embeddings')
+  activation = check_hf_config(config, name, required, fixed, default_activation='gelu',
+                               activation_key='hidden_act')
+  return dict(
+      vocab_size=config['vocab_size'], d_model=config['hidden_size'],
+      d_ff=config['intermediate_size'], num_heads=config['num_attention_heads'],
+      d_kv=config['hidden_size'] // config['num_attention_heads'],
+      num_encoder_layers=config['num_hidden_layers'], num_decoder_layers=0,
+      activation=activation, norm_eps=config.get('layer_norm_eps', 1e-12),
+      max_length=config['max_position_embeddings'],
+      dropout=config.get('hidden_dropout_prob', 0.1), **BERT_LAYERS)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from t5lite.models.attention import Attention, attention_mask
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import Dense, Embed, MLP, Norm, constrain
+from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, Embed, MLP, Norm, constrain, param
 from t5lite.models.positions import RelativePositionBias, sinusoidal_positions
 
 CHECKPOINT_POLICIES = {
@@ -309,12 +309,36 @@ class Stack(nnx.Module):
     return x
 
 
-def output_logits(cfg: ModelConfig, embed: Embed, lm_head: Dense | None, x: jax.Array) -> jax.Array:
-  """Float32 vocabulary logits: the tied embedding with T5's d_model**-0.5 rescaling, or lm_head."""
+class MlmTransform(nnx.Module):
+  """BERT's and RoBERTa's MLM head before the output projection (`model.mlm_transform`): dense,
+  activation, norm; and the bias per vocabulary entry that a tied projection lacks (an untied lm
+  head has its own)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.dense = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=cfg.d_model**-0.5,
+                       cfg=cfg, rngs=rngs)
+    self.act = ACTIVATION_FUNCTIONS['gelu_erf' if cfg.mlm_transform == 'roberta'
+                                    else cfg.activation.removeprefix('gated-')]
+    self.norm = Norm(cfg, rngs=rngs)
+    self.output_bias = (param(rngs, jax.nn.initializers.zeros, (cfg.vocab_size,), ('vocab',), cfg)
+                        if cfg.use_bias and cfg.tie_embeddings else None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.norm(self.act(self.dense(x)))  # (b, l, d) -> (b, l, d)
+
+
+def output_logits(cfg: ModelConfig, embed: Embed, lm_head: Dense | None, x: jax.Array,
+                  mlm_transform: MlmTransform | None = None) -> jax.Array:
+  """Float32 vocabulary logits: the tied embedding with T5's d_model**-0.5 rescaling, or lm_head;
+  with `mlm_transform`, of the transformed x, plus its output bias."""
+  if mlm_transform is not None:
+    x = mlm_transform(x)
   if cfg.tie_embeddings:
     logits = embed.attend(x * cfg.d_model**-0.5)  # (b, l, d) -> (b, l, v)
   else:
     logits = lm_head(x)  # (b, l, d) -> (b, l, v)
+  if mlm_transform is not None and mlm_transform.output_bias is not None:
+    logits = logits + mlm_transform.output_bias[...]
   return constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
 

@@ -34,8 +34,10 @@ def ffn_flops(cfg: ModelConfig, length: int) -> float:
 
 
 def lm_head_flops(cfg: ModelConfig, length: int) -> float:
-  """Logits over the vocab at every position (tied or not, it is one matmul)."""
-  return 2 * length * cfg.d_model * cfg.vocab_size
+  """Logits over the vocab at every position (tied or not, it is one matmul), after the MLM
+  transform's d_model -> d_model dense if the model has one."""
+  transform = cfg.d_model if cfg.mlm_transform != 'none' else 0
+  return 2 * length * cfg.d_model * (cfg.vocab_size + transform)
 
 
 def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int) -> float:

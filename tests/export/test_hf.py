@@ -300,8 +300,9 @@ def test_import_refuses_what_is_not_a_t5_checkpoint(exported, tmp_path):
   with pytest.raises(ValueError, match='no config.json'):
     import_hf(str(tmp_path))
   with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
-    json.dump({'model_type': 'bert'}, f)
-  with pytest.raises(ValueError, match="not a BART or T5 or GPT-2 checkpoint: model_type='bert'"):
+    json.dump({'model_type': 'llama'}, f)
+  with pytest.raises(ValueError, match="not a BART, T5, BERT, RoBERTa or GPT-2 checkpoint: "
+                                       "model_type='llama'"):
     import_hf(str(tmp_path))
   with open(os.path.join(folder, 'config.json')) as f:
     config = json.load(f)

@@ -24,14 +24,13 @@ PUBLISHED = {
 
 # The family's presets: (published size, exact count). The exact counts are Hugging Face's
 # (transformers 5.23, built on the meta device) less what t5lite leaves out, plus what it adds:
-# BERT has BertModel's parameters plus the next-sentence classifier (768 * 2 + 2); RoBERTa has no
-# pooler and one token type fewer (no next sentence), nor RoBERTa's 2 offset position rows; BART
-# has no 2 offset position rows per stack; GPT-2 is all there. Vaswani's by hand:
-# 6*3,152,384 + 6*4,204,032 in the layers. Plus the embedding rows that pad each vocabulary to a
-# multiple of 128.
+# BERT is BertForPreTraining, all there; RoBERTa is RobertaForMaskedLM less its one token type
+# (no next sentence) and its 2 offset position rows; BART has no 2 offset position rows per
+# stack; GPT-2 is all there. Vaswani's by hand: 6*3,152,384 + 6*4,204,032 in the layers. Plus the
+# embedding rows (and MLM output biases) that pad each vocabulary to a multiple of 128.
 FAMILY = {
-    'bert_base': (110e6, 109_482_240 + 768 * 2 + 2 + (30592 - 30522) * 768),
-    'roberta_base': (125e6, 124_645_632 - 590_592 - 768 - 2 * 768 + (50304 - 50265) * 768),
+    'bert_base': (110e6, 110_106_428 + (30592 - 30522) * (768 + 1)),
+    'roberta_base': (125e6, 124_697_433 - 768 - 2 * 768 + (50304 - 50265) * (768 + 1)),
     'gpt2_small': (124e6, 124_439_808 + (50304 - 50257) * 768),
     'transformer_base': (65e6, 37_120 * 512 + 6 * 3_152_384 + 6 * 4_204_032),
     'bart_base': (140e6, 139_420_416 - 2 * 2 * 768 + (50304 - 50265) * 768),
@@ -110,7 +109,7 @@ def test_scanned_and_unrolled_have_the_same_parameters():
 
 @pytest.mark.parametrize('field, value', [
     ('activation', 'swish'), ('position', 'alibi'), ('norm', 'batch'),
-    ('attention', 'flash'), ('remat_policy', 'some'), ('dtype', 'int8'),
+    ('attention', 'flash'), ('remat_policy', 'some'), ('dtype', 'int8'), ('mlm_transform', 'gelu'),
 ])
 def test_bad_config_fails_at_construction(field, value):
   with pytest.raises(ValueError, match=f'model.{field}'):

@@ -42,6 +42,8 @@ def test_an_unknown_arch_is_refused_in_one_line():
      "model.arch='encoder_decoder' needs num_encoder_layers > 0"),
     (dict(arch='electra', next_sentence=True),
      "model.next_sentence is BERT's .arch=encoder., not arch='electra'"),
+    (dict(arch='decoder', mlm_transform='bert'),
+     "model.mlm_transform is BERT's and RoBERTa's .arch=encoder., not arch='decoder'"),
 ])
 def test_a_setting_the_family_cannot_take_is_refused_in_one_line(overrides, message):
   config = t5config.base_config()
@@ -116,6 +118,6 @@ def test_an_architecture_is_added_with_one_registration(monkeypatch, tmp_path):
   assert decoding.generate(model, tokens[:, :4], max_decode_length=3).shape == (2, 3)
   with pytest.raises(ValueError, match="model.arch='toy' needs num_decoder_layers > 0"):
     build(ModelConfig(arch='toy', num_decoder_layers=0), nnx.Rngs(0))
-  with pytest.raises(
-      ValueError, match='export supports BART, T5, BERT, GPT-2 and ELECTRA models; got arch=toy'):
+  with pytest.raises(ValueError, match='export supports BART, T5, BERT, RoBERTa, GPT-2 and '
+                                       'ELECTRA models; got arch=toy'):
     export_hf({}, cfg, str(tmp_path))

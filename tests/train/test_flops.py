@@ -43,6 +43,10 @@ def test_encoder_only_and_decoder_only_by_hand():
   # A 4 + 6 = 10 token prefix-LM sequence: as above with causal scores 3200 / 2 = 1600.
   assert flops.flops_per_example(decoder_only, 4, 6) == 5120 + 1600 + 5120 + 16000
   assert flops.flops_per_example(decoder_only, 0, 10) == 5120 + 1600 + 5120 + 16000
+  # BERT's MLM transform: a d -> d dense before the lm head at every input, 2*10*8*8 = 1280.
+  bert = ModelConfig(arch='encoder', activation='relu', mlm_transform='bert',
+                     **dict(TINY, num_decoder_layers=0))
+  assert flops.flops_per_example(bert, 10, 99) == 5120 + 3200 + 5120 + 1280 + 16000
 
 
 def test_electra_by_hand():
