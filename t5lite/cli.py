@@ -93,7 +93,8 @@ def infer_command(args, overrides):
   print('\n'.join(outputs))
 
 
-@command('import-hf', 'start a workdir from a Hugging Face T5 folder')
+@command('import-hf',
+         'start a workdir from a Hugging Face folder (T5, BART, GPT-2, BERT, RoBERTa)')
 def import_hf_command(args, overrides):
   from t5lite.commands import hugging_face
   config = hugging_face.import_hf_workdir(args.hf, args.workdir, overrides)
@@ -231,7 +232,7 @@ def _infer_flags(infer: argparse.ArgumentParser) -> None:
 
 
 def _import_hf_flags(import_hf: argparse.ArgumentParser) -> None:
-  import_hf.add_argument('--hf', required=True, help='a Hugging Face T5 folder')
+  import_hf.add_argument('--hf', required=True, help='a Hugging Face model folder')
 
 
 def _finetune_flags(finetune: argparse.ArgumentParser) -> None:
