@@ -38,7 +38,8 @@ def export_workdir(config: ml_collections.ConfigDict, workdir: str, out_dir: str
 
 
 def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_collections.ConfigDict:
-  """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it.
+  """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it,
+  pretraining as that kind of model does (`HfModel.data`: GPT-2 a causal LM, BERT MLM, ...).
   The folder's vocabulary (spiece.model, or a T5 tokenizer.json) becomes `<workdir>/spiece.model`
   and the run's data.vocabulary, unless an override names another; a folder without one leaves
   the bundled vocabulary, with a warning. The workdir must be new or empty: an import never mixes
@@ -50,6 +51,7 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   proto = tokenizer.import_tokenizer(hf_dir)
   config = config_lib.base_config()
   config.model.update(dataclasses.asdict(model_cfg))
+  config.data.update(hf.hf_model(model_cfg).data(model_cfg))
   imported_vocabulary = str(folder / tokenizer.SPIECE_FILE if paths.is_uri(workdir) else
                             os.path.abspath(folder / tokenizer.SPIECE_FILE))
   if proto is not None:

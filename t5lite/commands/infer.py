@@ -78,7 +78,7 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
   (default: the latest) of `workdir`; `out` also gets them as JSONL {"input": .., "output": ..}.
 
   Inputs are tokenized with the run's vocabulary, EOS appended for an encoder, and padded to
-  data.inputs_length. `options` go to `decoding.generate` (method, temperature, top_k, top_p,
+  data.inputs_length (a causal LM's: to the longest). `options` go to `decoding.generate` (method, temperature, top_k, top_p,
   beam_size, alpha); max_decode_length defaults to data.targets_length; sampling draws from
   `seed`. Which `out` may be written, checked before anything is decoded: t5lite/outputs.py.
   """
@@ -88,8 +88,9 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
                            workdir=workdir, overwrite=overwrite)
   model_cfg = config_lib.model_config(config)
   vocab = vocabulary.load_vocabulary(config.data.vocabulary)
-  tokens = encode_inputs(vocab, inputs, config.data.inputs_length,
-                         eos=family(model_cfg.arch).prompt == 'encoder')
+  # A causal LM's rows have no inputs part (inputs_length 0): its prompts are as long as they are.
+  length = config.data.inputs_length or max(len(vocab.encode(text)) for text in inputs)
+  tokens = encode_inputs(vocab, inputs, length, eos=family(model_cfg.arch).prompt == 'encoder')
   max_decode_length = max_decode_length or config.data.targets_length
   decoding.check_options(model_cfg, tokens.shape[1], max_decode_length=max_decode_length,
                          **options)

@@ -33,7 +33,7 @@ CONFIG_FILE, WEIGHTS_FILE = 'config.json', 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
 
 
-def _hf_model(cfg: ModelConfig) -> HfModel:
+def hf_model(cfg: ModelConfig) -> HfModel:
   """cfg's Hugging Face model, once cfg is checked to be that model exactly."""
   fitting = [hf for hf in family(cfg.arch).hf if hf.fits(cfg)]
   if not fitting:
@@ -51,14 +51,14 @@ def _listed(models: list[HfModel], conjunction: str) -> str:
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
   """The config.json of the Hugging Face model `cfg` exports as."""
-  hf = _hf_model(cfg)
+  hf = hf_model(cfg)
   return {'architectures': [hf.architecture], 'model_type': hf.model_type, **hf.config(cfg)}
 
 
 def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> None:
   """Writes `params` (`nnx.state(model, nnx.Param)` or `get_params(model)`) as an HF folder."""
   config = hf_config(cfg)
-  hf = _hf_model(cfg)
+  hf = hf_model(cfg)
   if isinstance(params, nnx.State):
     params = params.to_pure_dict()
   if cfg.scan_layers:

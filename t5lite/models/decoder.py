@@ -132,4 +132,6 @@ FAMILY = Family(
     arch='decoder', model=DecoderOnly, sides=('decoder',), objective=None, stacks=('decoder',),
     shapes=shapes, check=check, prompt='decoder',
     hf=(HfModel('GPT-2', 'GPT2LMHeadModel', 'gpt2', check=hf_check, config=hf_config,
-                table=hf_table, load=hf_load),))
+                table=hf_table, load=hf_load,
+                data=lambda cfg: dict(objective='causal_lm', inputs_length=0,
+                                      targets_length=cfg.max_length)),))

@@ -172,23 +172,31 @@ def roberta_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
           'max_length': fields['max_length'] - ROBERTA_POSITION_OFFSET}, tensors
 
 
+def masked_lm_data(cfg: ModelConfig, objective: str) -> dict[str, Any]:
+  """An imported encoder's pretraining: `objective` over rows as long as its positions."""
+  return dict(objective=objective, inputs_length=cfg.max_length, targets_length=0)
+
+
 FAMILY = Family(
     arch='encoder', model=EncoderOnly, sides=('encoder',), objective=None, stacks=('encoder',),
     shapes=shapes, check=check, prompt=None,
     hf=(HfModel('BERT', 'BertForPreTraining', 'bert', check=bert_check,
                 config=hf_mapping.bert_config, table=bert_table,
                 load=functools.partial(bert_load, next_sentence=True),
-                fits=lambda cfg: cfg.mlm_transform == 'bert' and cfg.next_sentence),
+                fits=lambda cfg: cfg.mlm_transform == 'bert' and cfg.next_sentence,
+                data=lambda cfg: masked_lm_data(cfg, 'mlm_nsp')),
         HfModel('BERT', 'BertForMaskedLM', 'bert', check=bert_check,
                 config=hf_mapping.bert_config, table=bert_table,
                 extra=lambda cfg: hf_mapping.zero_token_types(cfg, 'bert'),
                 load=functools.partial(bert_load, next_sentence=False),
-                fits=lambda cfg: cfg.mlm_transform == 'bert'),
+                fits=lambda cfg: cfg.mlm_transform == 'bert',
+                data=lambda cfg: masked_lm_data(cfg, 'mlm')),
         HfModel('RoBERTa', 'RobertaForMaskedLM', 'roberta', check=roberta_check,
                 config=roberta_config, table=roberta_table,
                 extra=lambda cfg: hf_mapping.zero_token_types(cfg, 'roberta',
                                                               ROBERTA_TYPE_VOCAB_SIZE),
-                load=roberta_load, fits=lambda cfg: cfg.mlm_transform == 'roberta'),
+                load=roberta_load, fits=lambda cfg: cfg.mlm_transform == 'roberta',
+                data=lambda cfg: masked_lm_data(cfg, 'mlm')),
         HfModel('BERT', 'BertForNextSentencePrediction', 'bert', check=next_sentence_check,
                 config=hf_mapping.bert_config,
                 table=lambda cfg: (hf_mapping.bert_stack_table(cfg, 'encoder', 'bert')

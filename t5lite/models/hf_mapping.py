@@ -59,6 +59,9 @@ class HfModel(NamedTuple):
   # Whether a config means this model rather than the family's others (BART, not T5: learned
   # positions); `check` then says in one line what keeps it from being the model exactly.
   fits: Callable[[ModelConfig], bool] = lambda cfg: True
+  # The config.data settings an imported model pretrains with (its objective, and lengths its
+  # positions hold), over base_config's (T5's span corruption)
+  data: Callable[[ModelConfig], dict[str, Any]] = lambda cfg: {}
 
 
 def check_fields(cfg: ModelConfig, name: str, fields: dict[str, Any]) -> None:

@@ -223,9 +223,9 @@ def test_text_generation_pipeline_writes_what_t5lite_infer_writes(tmp_path, caps
   folder, workdir = tmp_path / 'hf', tmp_path / 'run'
   export_hf(perturbed_params(cfg, seed=7), cfg, str(folder))
   tokenizer.export_tokenizer('bundled', str(folder))
-  assert cli.main(['import-hf', f'--hf={folder}', f'--workdir={workdir}',
-                   '--config.data.objective=causal_lm', '--config.data.inputs_length=32',
-                   '--config.data.targets_length=32']) == 0
+  assert cli.main(['import-hf', f'--hf={folder}', f'--workdir={workdir}']) == 0
+  data = json.loads((workdir / 'config.json').read_text())['data']  # a GPT-2's pretraining
+  assert (data['objective'], data['inputs_length'], data['targets_length']) == ('causal_lm', 0, 64)
   texts = ['It was the best of times,', 'Call me Ishmael.', 'The']
   capsys.readouterr()
   assert cli.main(['infer', f'--workdir={workdir}', *[f'--input={t}' for t in texts],
