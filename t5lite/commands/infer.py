@@ -51,12 +51,14 @@ def read_inputs(texts: list[str], input_file: str | None = None, key: str = 'inp
 
 def encode_inputs(vocab: vocabulary.Vocabulary, inputs: list[str], length: int, *, eos: bool
                   ) -> np.ndarray:
-  """(len(inputs), length) int32 ids, EOS appended if `eos`, 0-padded. Longer inputs keep their
-  first tokens, with one warning line each on stderr and a count after them."""
+  """(len(inputs), length) int32 ids, EOS appended if `eos`, 0-padded; length 0: the longest
+  input's (a causal LM's rows have no inputs part, so its prompts are as long as they are). Longer
+  inputs keep their first tokens, with one warning line each on stderr and a count after them."""
+  encoded = [vocab.encode(text) for text in inputs]
+  length = length or max(len(ids) + eos for ids in encoded)
   tokens = np.zeros((len(inputs), length), np.int32)
   truncated = 0
-  for row, text in enumerate(inputs):
-    ids = vocab.encode(text)
+  for row, ids in enumerate(encoded):
     room = length - eos
     if len(ids) > room:
       truncated += 1
@@ -88,9 +90,8 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
                            workdir=workdir, overwrite=overwrite)
   model_cfg = config_lib.model_config(config)
   vocab = vocabulary.load_vocabulary(config.data.vocabulary)
-  # A causal LM's rows have no inputs part (inputs_length 0): its prompts are as long as they are.
-  length = config.data.inputs_length or max(len(vocab.encode(text)) for text in inputs)
-  tokens = encode_inputs(vocab, inputs, length, eos=family(model_cfg.arch).prompt == 'encoder')
+  tokens = encode_inputs(vocab, inputs, config.data.inputs_length,
+                         eos=family(model_cfg.arch).prompt == 'encoder')
   max_decode_length = max_decode_length or config.data.targets_length
   decoding.check_options(model_cfg, tokens.shape[1], max_decode_length=max_decode_length,
                          **options)
