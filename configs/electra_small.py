@@ -2,10 +2,11 @@
 generator replaced; the discriminator is the model kept.
 
 Discriminator: 12 layers, d_model 256, 4 heads of 64, d_ff 1024, BERT's layers (post-LN, GELU,
-learned positions, biases). Generator: the same depth and width with 1/4 of the heads and d_ff
-(the paper narrows its hidden size instead: see t5lite/models/electra.py); both share the token
-and position embeddings. 14.2M parameters with the bundled 8,192-id vocabulary (the paper: 14M
-with BERT's 30,522 and 128-wide embeddings projected to 256). Inputs are masked as `mlm`'s:
+learned positions, biases). Generator: the same depth with 1/4 of the heads and d_ff, so 64 wide,
+reading the token and position embeddings it shares with the discriminator through a projection
+(t5lite/models/electra.py). 12.4M parameters with the bundled 8,192-id vocabulary, 11.8M of them
+the discriminator's (the paper's discriminator: 14M with BERT's 30,522 ids and 128-wide
+embeddings projected to 256). Inputs are masked as `mlm`'s:
 15% selected, 80% <extra_id_0> / 10% random / 10% kept (the paper keeps 15% and masks the rest),
 128 tokens. Loss: generator MLM + 50 x the discriminator's replaced-token cross entropy.
 Pretraining as the paper's Table 6: Adam, lr 5e-4, 10k warmup steps, weight decay 0.01,

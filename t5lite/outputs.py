@@ -37,17 +37,23 @@ from t5lite import paths
 
 def check_folder(path: str, files: Collection[str], *, workdir: str | None = None,
                  overwrite: bool = False) -> None:
-  """Refuses `path` as the folder a command writes `files` in (see the module docstring)."""
+  """Refuses `path` as the folder a command writes `files` in (see the module docstring); a file
+  may be in a subfolder ('generator/config.json')."""
   out = _check_place(path, workdir)
   if out.exists() and not out.is_dir():
     raise ValueError(f'--out={path} is a file, not a folder; give a folder')
   if not out.is_dir():
     return
+  subfolders = {name.split('/')[0] for name in files if '/' in name}
   entries = sorted(entry.name for entry in out.iterdir())
+  for name in subfolders & set(entries):
+    if not (out / name).is_dir():
+      raise ValueError(f'--out={path} holds {name}, which is not a folder; give another folder')
+    entries += sorted(f'{name}/{entry.name}' for entry in (out / name).iterdir())
   blocked = [name for name in files if name in entries and not (out / name).is_file()]
   if blocked:
     raise ValueError(f'--out={path} holds {blocked[0]}, which is not a file; give another folder')
-  others = [name for name in entries if name not in files]
+  others = [name for name in entries if name not in files and name not in subfolders]
   if others and not overwrite:
     raise ValueError(f'--out={path} holds {others[0]}{", ..." if len(others) > 1 else ""}, which '
                      'this command does not write; give a new or empty folder, or --overwrite '
@@ -124,9 +130,10 @@ def writing(path: str, *, folder: bool = False) -> Iterator[str]:
     if not folder or not out.is_dir():
       os.replace(temp, out)
     else:
-      for name in os.listdir(temp):
+      for name in _files_in(temp):
+        os.makedirs(os.path.dirname(out / name), exist_ok=True)
         os.replace(os.path.join(temp, name), out / name)
-      os.rmdir(temp)
+      shutil.rmtree(temp)
   except BaseException:
     if os.path.isdir(temp):
       shutil.rmtree(temp)
@@ -141,11 +148,17 @@ def _upload(local: str, out: epath.Path, folder: bool) -> None:
   """Copies the local file or folder `local` to the URI `out`."""
   pairs = [(local, out)]
   if folder:
-    out.mkdir(parents=True, exist_ok=True)
-    pairs = [(os.path.join(local, name), out / name) for name in sorted(os.listdir(local))]
+    pairs = [(os.path.join(local, name), out / name) for name in _files_in(local)]
   for source, target in pairs:
+    target.parent.mkdir(parents=True, exist_ok=True)
     with open(source, 'rb') as f, target.open('wb') as g:
       shutil.copyfileobj(f, g)
+
+
+def _files_in(folder: str) -> list[str]:
+  """The files under a local folder, as paths relative to it."""
+  return sorted(os.path.relpath(os.path.join(root, name), folder)
+                for root, _, names in os.walk(folder) for name in names)
 
 
 def is_jsonl_of(path: epath.Path, keys: Collection[str]) -> bool:

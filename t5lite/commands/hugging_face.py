@@ -10,10 +10,12 @@ import ml_collections
 
 from t5lite import config as config_lib
 from t5lite import outputs
+from t5lite import models
 from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.export import hf
 from t5lite.export import tokenizer
+from t5lite.models.params import flatten
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib
@@ -25,15 +27,18 @@ def export_workdir(config: ml_collections.ConfigDict, workdir: str, out_dir: str
   """Writes checkpoint `step` (default: the latest) as a Hugging Face folder `out_dir`; which
   `out_dir` may be written, checked before the restore: t5lite/outputs.py."""
   model_cfg = config_lib.model_config(config)
-  hf.hf_config(model_cfg)  # a model export cannot write fails here, before the restore
-  outputs.check_folder(out_dir, (hf.CONFIG_FILE, hf.WEIGHTS_FILE, *tokenizer.FILES),
+  # a model export cannot write fails here, before the restore
+  folders = [model.folder for model in hf.hf_models(model_cfg)]
+  outputs.check_folder(out_dir, [os.path.join(folder, name) for folder in folders
+                                 for name in (hf.CONFIG_FILE, hf.WEIGHTS_FILE, *tokenizer.FILES)],
                        workdir=workdir, overwrite=overwrite)
   step, params = run_lib.make_run(config).restore_params(workdir, step)
   with outputs.writing(out_dir, folder=True) as temp:
     hf.export_hf(jax.device_get(params), model_cfg, temp)
     learned = model_cfg.position == 'learned'  # the longest input the model has positions for
-    tokenizer.export_tokenizer(config.data.vocabulary, temp,
-                               model_max_length=model_cfg.max_length if learned else None)
+    for folder in folders:
+      tokenizer.export_tokenizer(config.data.vocabulary, os.path.join(temp, folder),
+                                 model_max_length=model_cfg.max_length if learned else None)
   return step
 
 
@@ -67,6 +72,10 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   if proto is None:
     print(f'warning: {hf_dir} has no {tokenizer.SPIECE_FILE} or {tokenizer.TOKENIZER_JSON_FILE}; '
           f'the run reads data.vocabulary={config.data.vocabulary!r}', file=sys.stderr)
+  fresh = _parts_absent(params, run)
+  if fresh:
+    print(f'warning: {hf_dir} holds no {", ".join(fresh)}; they start as a new run\'s do '
+          f'(train.seed={config.train.seed})', file=sys.stderr)
   loop.record_config(workdir, config)
   if copy_vocabulary:
     (folder / tokenizer.SPIECE_FILE).write_bytes(proto)
@@ -76,3 +85,14 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   checkpointer.close()
   return config
 
+
+
+def _parts_absent(params: dict, run: run_lib.Run) -> list[str]:
+  """The model's parts (a layer stack's by name, 'generator/layers') that imported `params`
+  lack."""
+  stacks = models.family(run.model_cfg.arch).stacks
+  given = {path for path, _ in flatten(params)}
+  absent = [path for path, _ in flatten(run.spec.abstract.params.to_pure_dict())
+            if path not in given]
+  return list(dict.fromkeys('/'.join(map(str, path[:2 if path[0] in stacks else 1]))
+                            for path in absent))

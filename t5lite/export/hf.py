@@ -2,13 +2,14 @@
 
 What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5 and
 BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration), GPT-2 decoders
-(GPT2LMHeadModel) and encoders with HF's MLM head (BertForPreTraining, BertForMaskedLM,
-RobertaForMaskedLM) go both ways; ELECTRA exports its discriminator (ElectraForPreTraining) and
-BERT with next-sentence prediction but our plain MLM head its encoder, pooler and classifier
-(BertForNextSentencePrediction). Here is what they share: the family's checks, its config.json,
-and every tensor its table names, reshaped to PyTorch's Linear (or GPT-2's Conv1D) layout and
-concatenated where one HF tensor fuses several of ours. Import picks the model by config.json's
-model_type, and among BERT's by its architectures. Export needs neither torch nor transformers;
+(GPT2LMHeadModel), encoders with HF's MLM head (BertForPreTraining, BertForMaskedLM,
+RobertaForMaskedLM) and ELECTRA (ElectraForPreTraining, its generator as ElectraForMaskedLM in
+the subfolder `generator/`) go both ways; BERT with next-sentence prediction but our plain MLM
+head exports its encoder, pooler and classifier (BertForNextSentencePrediction). Here is what
+they share: the family's checks, its config.json, and every tensor its table names, reshaped to
+PyTorch's Linear (or GPT-2's Conv1D) layout and concatenated where one HF tensor fuses several of
+ours. Import picks the model by config.json's model_type, and among BERT's and ELECTRA's by its
+architectures. Export needs neither torch nor transformers;
 tensors are written as float32.
 """
 
@@ -35,12 +36,21 @@ INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
 
 def hf_model(cfg: ModelConfig) -> HfModel:
   """cfg's Hugging Face model, once cfg is checked to be that model exactly."""
-  fitting = [hf for hf in family(cfg.arch).hf if hf.fits(cfg)]
+  fitting = [hf for hf in family(cfg.arch).hf if not hf.folder and hf.fits(cfg)]
   if not fitting:
     models = [hf for f in registry.FAMILIES.values() for hf in f.hf]
     raise ValueError(f'export supports {_listed(models, "and")} models; got arch={cfg.arch}')
   fitting[0].check(cfg)
   return fitting[0]
+
+
+def hf_models(cfg: ModelConfig) -> list[HfModel]:
+  """cfg's Hugging Face model and those an export writes beside it in subfolders (ELECTRA's
+  generator), each checked."""
+  models = [hf_model(cfg), *(hf for hf in family(cfg.arch).hf if hf.folder and hf.fits(cfg))]
+  for hf in models[1:]:
+    hf.check(cfg)
+  return models
 
 
 def _listed(models: list[HfModel], conjunction: str) -> str:
@@ -49,21 +59,27 @@ def _listed(models: list[HfModel], conjunction: str) -> str:
   return f'{", ".join(names[:-1])} {conjunction} {names[-1]}' if len(names) > 1 else names[0]
 
 
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-  """The config.json of the Hugging Face model `cfg` exports as."""
-  hf = hf_model(cfg)
+def hf_config(cfg: ModelConfig, hf: HfModel | None = None) -> dict[str, Any]:
+  """The config.json of `hf` (default: the Hugging Face model `cfg` exports as)."""
+  hf = hf or hf_model(cfg)
   return {'architectures': [hf.architecture], 'model_type': hf.model_type, **hf.config(cfg)}
 
 
 def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> None:
-  """Writes `params` (`nnx.state(model, nnx.Param)` or `get_params(model)`) as an HF folder."""
-  config = hf_config(cfg)
-  hf = hf_model(cfg)
+  """Writes `params` (`nnx.state(model, nnx.Param)` or `get_params(model)`) as an HF folder, and
+  any model of the run written beside it into its subfolder."""
+  models = hf_models(cfg)
   if isinstance(params, nnx.State):
     params = params.to_pure_dict()
   if cfg.scan_layers:
     params = unstack_layers(params)
   flat = dict(flatten(params))
+  for hf in models:
+    _write_model(flat, cfg, hf, os.path.join(out_dir, hf.folder))
+
+
+def _write_model(flat: dict[tuple, Any], cfg: ModelConfig, hf: HfModel, out_dir: str) -> None:
+  """config.json and model.safetensors of `hf` from the flattened params."""
   table = hf.table(cfg)
   absent = [row.path for row in table if row.path not in flat]
   if absent:
@@ -76,7 +92,7 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
     tensors.update(hf.extra(cfg))
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, CONFIG_FILE), 'w') as f:
-    json.dump(config, f, indent=2)
+    json.dump(hf_config(cfg, hf), f, indent=2)
   safetensors.numpy.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
                               metadata={'format': 'pt'})
 
@@ -135,29 +151,59 @@ def _read_json(file, what: str) -> dict:
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
   """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2, BERT,
-  RoBERTa); params load with `load_params(build(cfg), ...)`.
+  RoBERTa, ELECTRA), with the models of the run in its subfolders (an ELECTRA discriminator's
+  `generator/`); params load with `load_params(build(cfg), ...)`. Parameters no model holds (an
+  ELECTRA discriminator's generator, imported alone) are absent: `state.from_params` initialises
+  them. Where two models hold a tensor (ELECTRA's shared embeddings), they must agree.
 
   overrides set ModelConfig fields HF does not know (scan_layers, dtype, remat_policy, ...).
   """
   (imported, hf), config, tensors = _read_folder(folder)
-  fields, tensors = hf.load(config, tensors)
+  models = [(hf, folder, config, tensors)]
+  for beside in imported.hf:
+    subfolder = os.path.join(folder, beside.folder)
+    if beside.folder and beside is not hf and (paths.path(subfolder) / CONFIG_FILE).is_file():
+      (_, read), config, tensors = _read_folder(subfolder)
+      if read is not beside:
+        raise ValueError(f'{subfolder} holds architectures={config.get("architectures")}, '
+                         f'not {beside.architecture}')
+      models.append((beside, subfolder, config, tensors))
+  loaded = [(hf, where, *hf.load(config, tensors)) for hf, where, config, tensors in models]
+  fields = {}
+  for _, _, model_fields, _ in reversed(loaded):  # the folder's own model decides
+    fields.update(model_fields)
   cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
   shapes = dict(flatten(nnx.state(abstract, nnx.Param).to_pure_dict()))
+  flat = {}
+  for hf, where, _, tensors in loaded:
+    for path, value in _read_table(hf, cfg, where, tensors, shapes).items():
+      if path in flat and not np.array_equal(flat[path], value):
+        raise ValueError(f'{folder} and {where} hold different {"/".join(map(str, path))}; '
+                         f't5lite\'s {hf.name} shares it')
+      flat[path] = value
+  params: Params = {}
+  for path, value in flat.items():
+    node = params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return cfg, stack_layers(params) if cfg.scan_layers else params
+
+
+def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, np.ndarray],
+                shapes: dict[tuple, Any]) -> dict[tuple, np.ndarray]:
+  """Our params (path -> array of its shape in `shapes`) from the tensors `hf.table` names."""
   by_tensor = _by_tensor(hf.table(cfg))
   missing = [name for name in by_tensor if tensors.get(name) is None]
   if missing:
     raise ValueError(f'{folder} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
-  params: Params = {}
+  flat = {}
   for name, rows in by_tensor.items():
-    for row, value in zip(rows, _our_parts(name, tensors[name], rows,
-                                           [shapes[row.path].shape for row in rows])):
-      node = params
-      for key in row.path[:-1]:
-        node = node.setdefault(key, {})
-      node[row.path[-1]] = value
-  return cfg, stack_layers(params) if cfg.scan_layers else params
+    values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+    flat.update((row.path, value) for row, value in zip(rows, values))
+  return flat
 
 
 def _by_tensor(table: list[Row]) -> dict[str, list[Row]]:

@@ -9,7 +9,7 @@ what each architecture needs are checked by its family (models/registry.py `chec
 
 import dataclasses
 
-ACTIVATIONS = ('relu', 'gelu', 'gated-gelu', 'gated-silu')
+ACTIVATIONS = ('relu', 'gelu', 'gelu_erf', 'gated-gelu', 'gated-silu')
 NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
@@ -33,7 +33,9 @@ class ModelConfig:
   d_kv: int = 64  # per-head width; num_heads * d_kv need not equal d_model (T5 3B, 11B, v1.1 small)
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
-  activation: str = 'relu'  # relu | gelu | gated-gelu | gated-silu (gelu is the tanh approximation)
+  # relu | gelu (the tanh approximation: GPT-2, HF's gelu_new) | gelu_erf (the exact GELU: BERT,
+  # BART, ELECTRA, HF's gelu) | gated-gelu | gated-silu
+  activation: str = 'relu'
   norm: str = 'rms'  # rms (T5: scale only, no mean) | layer (BERT, GPT, Vaswani)
   norm_position: str = 'pre'  # pre (T5, GPT-2) | post (BERT, Vaswani)
   norm_eps: float = 1e-6

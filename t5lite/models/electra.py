@@ -5,18 +5,18 @@ discriminator reads the result and tells, for every token, whether it was replac
 discriminator is the model one keeps. Both are bidirectional `Stack`s over one shared token
 embedding, position table and embedding LayerNorm, as in the paper.
 
-The paper narrows the generator (hidden size, FFN and heads all times `generator_size`) and
-projects the shared embeddings into it. Here the generator keeps the discriminator's d_model and
-depth and takes `generator_size` of its heads and d_ff, so the embeddings are shared without a
-projection: each generator layer has `generator_size` of a discriminator layer's weights and
-FLOPs, and the residual stream stays full width.
+As in the paper, the generator is narrower: `generator_size` of the discriminator's heads (of the
+same d_kv) and of its d_ff, so its hidden size is heads * d_kv, and a dense layer projects the
+shared embeddings into it. Its MLM head is HF's ElectraGeneratorPredictions: dense back to the
+embedding width, the exact (erf) GELU, LayerNorm, then the tied embedding plus a bias.
 
   model(batch)                   # (b, l) float32 logits of "this encoder input token was replaced"
   model.generator_logits(batch)  # (b, l, vocab) float32 MLM logits
 
-It exports its discriminator to Hugging Face (ElectraForPreTraining), the model ELECTRA pretrains
-for; the generator stays behind. ELECTRA has no token types: HF's table is written as zeros, so
-its default type 0 adds nothing.
+Both go to Hugging Face and back: the discriminator as ElectraForPreTraining, the generator as
+ElectraForMaskedLM in the export's `generator/` folder (HF's two checkpoints of one run). ELECTRA
+has no token types: HF's table is written as zeros, so its default type 0 adds nothing; importing,
+type 0's row is added to the position table.
 """
 
 import dataclasses
@@ -26,37 +26,41 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5lite.models import architecture, hf_mapping
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
 from t5lite.models.hf_mapping import HfModel, Row
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, constrain
-from t5lite.models.transformer import Features, Stack, output_logits, shared_parts
+from t5lite.models.transformer import (Features, MlmTransform, Stack, output_logits,
+                                       shared_parts)
 
 
 def generator_config(cfg: ModelConfig) -> ModelConfig:
-  """The generator's stack: `generator_size` of the heads (at least one) and of d_ff, and an MLM
-  head tied to the shared embedding (the paper ties the generator's input and output)."""
-  return dataclasses.replace(
-      cfg, arch='encoder', num_heads=max(1, round(cfg.num_heads * cfg.generator_size)),
-      d_ff=max(1, round(cfg.d_ff * cfg.generator_size)), tie_embeddings=True)
+  """The generator's stack: `generator_size` of the heads (at least one) and of d_ff, as wide as
+  its heads."""
+  num_heads = max(1, round(cfg.num_heads * cfg.generator_size))
+  return dataclasses.replace(cfg, arch='encoder', num_heads=num_heads, d_model=num_heads * cfg.d_kv,
+                             d_ff=max(1, round(cfg.d_ff * cfg.generator_size)))
 
 
 class Electra(nnx.Module):
-  """The generator and discriminator stacks, their shared embeddings, the discriminator head."""
+  """The generator and discriminator stacks, their shared embeddings, the two heads."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg, self.generator_cfg = cfg, generator_config(cfg)
-    self.embed, _, self.rngs = shared_parts(self.generator_cfg, rngs)  # tied: no lm head
+    self.embed, _, self.rngs = shared_parts(cfg, rngs)  # tied: no lm head
     self.generator = Stack(self.generator_cfg, cfg.num_encoder_layers, causal=False,
-                           cross_attention=False, rngs=rngs)
+                           cross_attention=False, rngs=rngs, embed_width=cfg.d_model)
     self.discriminator = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
                                rngs=rngs)
     if cfg.position == 'learned':  # one table, stored once (nnx shares the module)
       self.generator.position_embedding = self.discriminator.position_embedding
     if cfg.embed_norm:  # and one embedding LayerNorm
       self.generator.embed_norm = self.discriminator.embed_norm
+    self.generator_head = MlmTransform(cfg, rngs=rngs, d_in=self.generator_cfg.d_model,
+                                       activation='gelu_erf')
     # The paper's discriminator head: dense + activation, then one logit per token.
     self.act = ACTIVATION_FUNCTIONS[cfg.activation.removeprefix('gated-')]
     self.discriminator_dense = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'),
@@ -70,7 +74,7 @@ class Electra(nnx.Module):
     features = Features.from_batch(batch, 'encoder')
     x = self.generator(self.embed(features.tokens), features, deterministic=deterministic,
                        rngs=self.rngs if rngs is None else rngs)
-    return output_logits(self.generator_cfg, self.embed, None, x)
+    return output_logits(self.cfg, self.embed, None, x, self.generator_head)
 
   def discriminator_logits(self, features: Features, *, deterministic: bool = True,
                            rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -88,38 +92,105 @@ class Electra(nnx.Module):
 
 
 def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
-  """Both stacks over the inputs; the generator's MLM logits, and the discriminator's 2-layer
-  head (d -> d, then d -> 1) at every position."""
+  """Both stacks over the inputs; the generator's projection in and MLM transform out (d <-> its
+  width), and the discriminator's 2-layer head (d -> d, then d -> 1) at every position."""
   del targets_length  # the targets are the inputs' positions
+  generator = generator_config(cfg)
+  projections = 2 if generator.d_model != cfg.d_model else 1
   return Shapes(tuple(StackShape(c, cfg.num_encoder_layers, inputs_length, causal=False)
-                      for c in (cfg, generator_config(cfg))),
+                      for c in (cfg, generator)),
                 logits_length=inputs_length,
-                head_flops=2 * inputs_length * cfg.d_model * (cfg.d_model + 1))
+                head_flops=2 * inputs_length * cfg.d_model * (
+                    cfg.d_model + 1 + projections * generator.d_model))
 
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers')
   architecture.refuse_encoder_heads(cfg)
+  if not cfg.tie_embeddings:
+    raise ValueError("model.arch='electra' reads its generator's logits off the shared embedding:"
+                     " model.tie_embeddings must be True")
 
 
 def hf_check(cfg: ModelConfig) -> None:
   hf_mapping.check_bert_layers(cfg, 'ELECTRA')
 
 
-def hf_table(cfg: ModelConfig) -> list[Row]:
-  """The discriminator's stack (and the shared embeddings it reads) and head."""
+DISCRIMINATOR_HEAD = (('discriminator_dense',), 'discriminator_predictions.dense',
+                      ('discriminator_output',), 'discriminator_predictions.dense_prediction')
+GENERATOR_HEAD = ('generator_predictions.dense', 'generator_predictions.LayerNorm',
+                  'generator_lm_head.bias')
+GENERATOR_FOLDER = 'generator'  # the export's subfolder of the generator
+
+
+def discriminator_table(cfg: ModelConfig) -> list[Row]:
+  """ElectraForPreTraining: the shared embeddings, the discriminator's stack and head."""
+  dense, dense_name, output, output_name = DISCRIMINATOR_HEAD
   return (hf_mapping.bert_stack_table(cfg, 'discriminator', 'electra')
-          + hf_mapping.linear(('discriminator_dense',), 'discriminator_predictions.dense')
-          + hf_mapping.linear(('discriminator_output',),
-                              'discriminator_predictions.dense_prediction'))
+          + hf_mapping.linear(dense, dense_name) + hf_mapping.linear(output, output_name))
 
 
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+def generator_table(cfg: ModelConfig) -> list[Row]:
+  """ElectraForMaskedLM: the shared embeddings (stored under the discriminator), the projection
+  into the generator, its stack and its MLM head (HF ties the output to the embeddings)."""
+  generator = generator_config(cfg)
+  rows = hf_mapping.bert_embeddings_table(cfg, 'discriminator', 'electra')
+  if generator.d_model != cfg.d_model:
+    rows += hf_mapping.linear(('generator', 'embed_projection'), 'electra.embeddings_project')
+  return (rows + hf_mapping.bert_layers_table(generator, 'generator', 'electra')
+          + hf_mapping.mlm_head_table(cfg, ('generator_head',), *GENERATOR_HEAD))
+
+
+def discriminator_config(cfg: ModelConfig) -> dict[str, Any]:
   return {'embedding_size': cfg.d_model, **hf_mapping.bert_config(cfg)}
+
+
+def generator_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The generator's layers, reading embeddings as wide as the discriminator's."""
+  return {'embedding_size': cfg.d_model, **hf_mapping.bert_config(generator_config(cfg))}
+
+
+def discriminator_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+                       ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """ElectraForPreTraining's fields: its layers are ours, embeddings as wide as them."""
+  fields = hf_mapping.bert_fields(config, 'ELECTRA')
+  if config.get('embedding_size', fields['d_model']) != fields['d_model']:
+    raise ValueError(f'unsupported ELECTRA discriminator embedding_size='
+                     f'{config["embedding_size"]}: t5lite\'s embeddings are as wide as its '
+                     f'hidden_size={fields["d_model"]}')
+  return fields, hf_mapping.fold_token_types(tensors, 'electra')
+
+
+def generator_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+                   ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """ElectraForMaskedLM's fields: the discriminator's are those `generator_config` narrows to
+  its layers (d_model the embedding width, generator_size the ratio of hidden sizes)."""
+  fields = hf_mapping.bert_fields(config, 'ELECTRA generator')
+  width = config.get('embedding_size', fields['d_model'])
+  size = fields['d_model'] / width
+  if not 0 < size <= 1:
+    raise ValueError(f'unsupported ELECTRA generator: hidden_size={fields["d_model"]} is wider '
+                     f'than embedding_size={width}')
+  fields.update(d_model=width, generator_size=size, num_heads=round(fields['num_heads'] / size),
+                d_ff=round(fields['d_ff'] / size))
+  return fields, hf_mapping.fold_token_types(tensors, 'electra')
+
+
+def data(cfg: ModelConfig) -> dict[str, Any]:
+  """An imported ELECTRA pretrains as ELECTRA does, over rows as long as its positions."""
+  return dict(objective='electra', inputs_length=cfg.max_length, targets_length=0)
+
+
+def zero_token_types(cfg: ModelConfig) -> dict[str, np.ndarray]:
+  return hf_mapping.zero_token_types(cfg, 'electra')
 
 
 FAMILY = Family(
     arch='electra', model=Electra, sides=('encoder',), objective='electra',
     stacks=('generator', 'discriminator'), shapes=shapes, check=check, prompt=None,
-    hf=(HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check, config=hf_config,
-                table=hf_table, extra=lambda cfg: hf_mapping.zero_token_types(cfg, 'electra')),))
+    hf=(HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check,
+                config=discriminator_config, table=discriminator_table, extra=zero_token_types,
+                load=discriminator_load, data=data),
+        HfModel('ELECTRA', 'ElectraForMaskedLM', 'electra', check=hf_check,
+                config=generator_hf_config, table=generator_table, extra=zero_token_types,
+                load=generator_load, data=data, folder=GENERATOR_FOLDER)))

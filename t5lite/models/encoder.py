@@ -85,16 +85,6 @@ BERT_MLM_HEAD = ('cls.predictions.transform.dense', 'cls.predictions.transform.L
 ROBERTA_MLM_HEAD = ('lm_head.dense', 'lm_head.layer_norm', 'lm_head.bias')
 ROBERTA_POSITION_OFFSET = PAD_ID + 1  # HF's first position is pad_token_id + 1
 ROBERTA_TYPE_VOCAB_SIZE = 1
-# BertConfig/RobertaConfig fields whose other values change what the model computes
-BERT_FIXED = dict(position_embedding_type='absolute', is_decoder=False, add_cross_attention=False,
-                  tie_word_embeddings=True)
-
-
-def mlm_head_table(cfg: ModelConfig, dense: str, norm: str, bias: str) -> list[Row]:
-  """The MLM transform and output bias; HF's LayerNorm carries our tied head's d_model**-0.5."""
-  return (hf_mapping.linear(('mlm_transform', 'dense'), dense)
-          + hf_mapping.layer_norm(('mlm_transform', 'norm'), norm, cfg.d_model**-0.5)
-          + [Row(('mlm_transform', 'output_bias'), bias, 0)])
 
 
 def next_sentence_table() -> list[Row]:
@@ -106,7 +96,7 @@ def next_sentence_table() -> list[Row]:
 def bert_table(cfg: ModelConfig) -> list[Row]:
   """BertForPreTraining (with next_sentence) or BertForMaskedLM."""
   rows = (hf_mapping.bert_stack_table(cfg, 'encoder', 'bert')
-          + mlm_head_table(cfg, *BERT_MLM_HEAD))
+          + hf_mapping.mlm_head_table(cfg, ('mlm_transform',), *BERT_MLM_HEAD))
   return rows + next_sentence_table() if cfg.next_sentence else rows
 
 
@@ -116,7 +106,7 @@ def bert_check(cfg: ModelConfig) -> None:
 
 def roberta_table(cfg: ModelConfig) -> list[Row]:
   return (hf_mapping.bert_stack_table(cfg, 'encoder', 'roberta', ROBERTA_POSITION_OFFSET)
-          + mlm_head_table(cfg, *ROBERTA_MLM_HEAD))
+          + hf_mapping.mlm_head_table(cfg, ('mlm_transform',), *ROBERTA_MLM_HEAD))
 
 
 def roberta_check(cfg: ModelConfig) -> None:
@@ -143,15 +133,9 @@ def mlm_load(config: dict[str, Any], tensors: dict[str, np.ndarray], *, name: st
              next_sentence: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Our ModelConfig fields (mlm_transform aside) and tensors for an HF BERT-layer MLM; without
   next_sentence, token type 0's row is folded into the positions."""
-  fields = hf_mapping.bert_fields(config, name, BERT_FIXED)
-  pad_id = config.get('pad_token_id', PAD_ID)
-  if pad_id != PAD_ID:
-    raise ValueError(f'unsupported {name} pad_token_id={pad_id!r}: t5lite pads with id {PAD_ID}'
-                     f' (its positions and attention mask); renumber the vocabulary first')
-  types = tensors.get(f'{prefix}.embeddings.token_type_embeddings.weight')
-  positions = f'{prefix}.embeddings.position_embeddings.weight'
-  if not next_sentence and types is not None and positions in tensors:
-    tensors = {**tensors, positions: tensors[positions] + types[0]}
+  fields = hf_mapping.bert_fields(config, name)
+  if not next_sentence:
+    tensors = hf_mapping.fold_token_types(tensors, prefix)
   return {**fields, 'next_sentence': next_sentence}, tensors
 
 

@@ -15,17 +15,20 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from t5lite.models.config import ModelConfig
+from t5lite.token_ids import PAD_ID
 
-# Our activation -> HF's name ('gelu_new' is HF's tanh approximation).
-FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gated-gelu': 'gated-gelu',
-                     'gated-silu': 'gated-silu'}
-# HF's activation names that import: our ungated activations (HF's 'gelu' is the erf GELU, ours
-# the tanh approximation)
-UNGATED_ACTIVATIONS = {FEED_FORWARD_PROJ[ours]: ours for ours in ('relu', 'gelu')}
+# Our activation -> HF's name (HF's 'gelu_new' is the tanh approximation, its 'gelu' the erf GELU).
+FEED_FORWARD_PROJ = {'relu': 'relu', 'gelu': 'gelu_new', 'gelu_erf': 'gelu',
+                     'gated-gelu': 'gated-gelu', 'gated-silu': 'gated-silu'}
+# HF's activation names that import: our ungated activations
+UNGATED_ACTIVATIONS = {FEED_FORWARD_PROJ[ours]: ours for ours in ('relu', 'gelu', 'gelu_erf')}
 TYPE_VOCAB_SIZE = 2  # BERT's segments A and B
 # What a BERT-layer stack must be, field by field, to be HF's BertModel, ElectraModel or BART's.
 BERT_LAYERS = dict(position='learned', norm='layer', norm_position='post', use_bias=True,
                    embed_norm=True, tie_embeddings=True)
+# BertConfig/RobertaConfig/ElectraConfig fields whose other values change what the model computes
+BERT_FIXED = dict(position_embedding_type='absolute', is_decoder=False, add_cross_attention=False,
+                  tie_word_embeddings=True)
 
 
 class Row(NamedTuple):
@@ -62,6 +65,9 @@ class HfModel(NamedTuple):
   # The config.data settings an imported model pretrains with (its objective, and lengths its
   # positions hold), over base_config's (T5's span corruption)
   data: Callable[[ModelConfig], dict[str, Any]] = lambda cfg: {}
+  # '': the model a config exports as; a name: a second model of the run, written beside the
+  # first in this subfolder and read from there on import (ELECTRA's generator)
+  folder: str = ''
 
 
 def check_fields(cfg: ModelConfig, name: str, fields: dict[str, Any]) -> None:
@@ -112,6 +118,13 @@ def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str,
   """A BERT-layer `Stack` (post-LN, biases, learned positions, embedding LayerNorm) as HF's
   BertModel/ElectraModel/RobertaModel named `prefix`: embeddings and encoder layers. Our position
   p is HF's p + position_offset."""
+  return (bert_embeddings_table(cfg, stack, prefix, position_offset)
+          + bert_layers_table(cfg, stack, prefix))
+
+
+def bert_embeddings_table(cfg: ModelConfig, stack: str, prefix: str,
+                          position_offset: int = 0) -> list[Row]:
+  """The token embedding and `stack`'s positions, token types and embedding LayerNorm."""
   rows = [Row(('embed', 'embedding'), f'{prefix}.embeddings.word_embeddings.weight', 0),
           Row((stack, 'position_embedding', 'embedding'),
               f'{prefix}.embeddings.position_embeddings.weight', 0,
@@ -120,6 +133,12 @@ def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str,
   if cfg.next_sentence:
     rows.append(Row((stack, 'type_embedding', 'embedding'),
                     f'{prefix}.embeddings.token_type_embeddings.weight', 0))
+  return rows
+
+
+def bert_layers_table(cfg: ModelConfig, stack: str, prefix: str) -> list[Row]:
+  """`stack`'s layers, cfg its own config, as HF's `{prefix}.encoder.layer.{i}`."""
+  rows = []
   names = {'q': 'self.query', 'k': 'self.key', 'v': 'self.value', 'o': 'output.dense'}
   for i in range(cfg.num_encoder_layers):
     ours, theirs = (stack, 'layers', i), f'{prefix}.encoder.layer.{i}'
@@ -131,6 +150,14 @@ def bert_stack_table(cfg: ModelConfig, stack: str, prefix: str,
     rows += linear((*ours, 'mlp', 'wo'), f'{theirs}.output.dense')
     rows += layer_norm((*ours, 'mlp_norm'), f'{theirs}.output.LayerNorm')
   return rows
+
+
+def mlm_head_table(cfg: ModelConfig, ours: tuple, dense: str, norm: str, bias: str) -> list[Row]:
+  """An `MlmTransform` at `ours` and its output bias; HF's LayerNorm carries our tied head's
+  d_model**-0.5."""
+  return (linear((*ours, 'dense'), dense)
+          + layer_norm((*ours, 'norm'), norm, cfg.d_model**-0.5)
+          + [Row((*ours, 'output_bias'), bias, 0)])
 
 
 def bert_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -164,20 +191,24 @@ def check_hf_config(config: dict[str, Any], name: str, required: tuple[str, ...]
   activation = config.get(activation_key, default_activation)
   if activation not in UNGATED_ACTIVATIONS:
     raise ValueError(f'unsupported {name} {activation_key}={activation!r}; expected one of '
-                     f'{", ".join(UNGATED_ACTIVATIONS)} (t5lite\'s gelu is the tanh approximation)')
+                     f'{", ".join(UNGATED_ACTIVATIONS)}')
   for key, value in fixed.items():  # absent: the value given
     if config.get(key, value) != value:
       raise ValueError(f'unsupported {name} {key}={config[key]!r}; only {key}={value} imports')
   return UNGATED_ACTIVATIONS[activation]
 
 
-def bert_fields(config: dict[str, Any], name: str, fixed: dict[str, Any]) -> dict[str, Any]:
+def bert_fields(config: dict[str, Any], name: str) -> dict[str, Any]:
   """Our ModelConfig fields for the BERT layers of an HF config.json (`bert_config` undone);
   attention dropout, which ours lacks, is dropped."""
   required = ('vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads',
               'intermediate_size', 'max_position_embeddings')
-  activation = check_hf_config(config, name, required, fixed, default_activation='gelu',
+  activation = check_hf_config(config, name, required, BERT_FIXED, default_activation='gelu',
                                activation_key='hidden_act')
+  pad_id = config.get('pad_token_id', PAD_ID)
+  if pad_id != PAD_ID:
+    raise ValueError(f'unsupported {name} pad_token_id={pad_id!r}: t5lite pads with id {PAD_ID}'
+                     f' (its positions and attention mask); renumber the vocabulary first')
   return dict(
       vocab_size=config['vocab_size'], d_model=config['hidden_size'],
       d_ff=config['intermediate_size'], num_heads=config['num_attention_heads'],
@@ -186,3 +217,13 @@ def bert_fields(config: dict[str, Any], name: str, fixed: dict[str, Any]) -> dic
       activation=activation, norm_eps=config.get('layer_norm_eps', 1e-12),
       max_length=config['max_position_embeddings'],
       dropout=config.get('hidden_dropout_prob', 0.1), **BERT_LAYERS)
+
+
+def fold_token_types(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+  """For a stack without token types: HF's type 0 row, which it adds to every token, moved into
+  the position table."""
+  types = tensors.get(f'{prefix}.embeddings.token_type_embeddings.weight')
+  positions = f'{prefix}.embeddings.position_embeddings.weight'
+  if types is None or positions not in tensors:
+    return tensors
+  return {**tensors, positions: tensors[positions] + types[0]}

@@ -109,7 +109,7 @@ class Norm(nnx.Module):
 ACTIVATION_FUNCTIONS = {
     'relu': jax.nn.relu,
     'gelu': lambda x: jax.nn.gelu(x, approximate=True),
-    'gelu_erf': lambda x: jax.nn.gelu(x, approximate=False),  # RoBERTa's MLM head only
+    'gelu_erf': lambda x: jax.nn.gelu(x, approximate=False),
     'silu': jax.nn.silu,
 }
 

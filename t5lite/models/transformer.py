@@ -19,6 +19,7 @@ bidirectional over its prefix.
 """
 
 from collections.abc import Mapping
+import dataclasses
 from typing import NamedTuple
 
 from flax import nnx
@@ -178,20 +179,29 @@ def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rng
 
 class Stack(nnx.Module):
   """Embedded tokens through absolute positions (and token types, and BERT's embedding norm),
-  the layers and (pre-norm) a final norm."""
+  the layers and (pre-norm) a final norm.
+
+  With `embed_width` other than cfg.d_model, the embeddings are that wide and a dense layer
+  projects them to the layers' width (ELECTRA's generator, narrower than the embeddings it
+  shares with the discriminator)."""
 
   def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross_attention: bool,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, embed_width: int | None = None):
     self.cfg, self.num_layers, self.causal = cfg, num_layers, causal
+    embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
     if cfg.position == 't5_relative':
       self.relative_bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
     if cfg.position == 'learned':
-      self.position_embedding = Embed(cfg.max_length, cfg.d_model, (None, 'embed'), std=0.02,
-                                      cfg=cfg, rngs=rngs)
+      self.position_embedding = Embed(cfg.max_length, embed_cfg.d_model, (None, 'embed'),
+                                      std=0.02, cfg=cfg, rngs=rngs)
     if cfg.next_sentence:
-      self.type_embedding = Embed(2, cfg.d_model, (None, 'embed'), std=0.02, cfg=cfg, rngs=rngs)
+      self.type_embedding = Embed(2, embed_cfg.d_model, (None, 'embed'), std=0.02, cfg=cfg,
+                                  rngs=rngs)
     if cfg.embed_norm:
-      self.embed_norm = Norm(cfg, rngs=rngs)
+      self.embed_norm = Norm(embed_cfg, rngs=rngs)
+    self.embed_projection = None if embed_cfg.d_model == cfg.d_model else Dense(
+        (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
+        cfg=cfg, rngs=rngs)
     self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
@@ -204,6 +214,8 @@ class Stack(nnx.Module):
     length = x.shape[1]
     x = self._embed_extras(x, features.absolute_positions(), features.token_types)
     x = constrain(self.dropout(x, deterministic=deterministic, rngs=rngs), EMBED)
+    if self.embed_projection is not None:
+      x = constrain(self.embed_projection(x), EMBED)
     inputs = LayerInputs(
         mask=attention_mask(length, None if self.causal else features.tokens > 0,
                             query_segment_ids=features.segment_ids,
@@ -279,7 +291,7 @@ class Stack(nnx.Module):
     """x plus the sinusoidal or learned encoding of positions (b, l) (nothing for relative or
     RoPE) and of BERT's token types (type 0 if not given), then the embedding norm if any."""
     if self.cfg.position == 'sinusoidal':
-      x = x + sinusoidal_positions(positions, self.cfg.d_model).astype(x.dtype)
+      x = x + sinusoidal_positions(positions, x.shape[-1]).astype(x.dtype)
     if self.cfg.position == 'learned':
       if positions.shape[1] > self.cfg.max_length:
         raise ValueError(f'sequence length {positions.shape[1]} exceeds model.max_length='
@@ -312,13 +324,17 @@ class Stack(nnx.Module):
 class MlmTransform(nnx.Module):
   """BERT's and RoBERTa's MLM head before the output projection (`model.mlm_transform`): dense,
   activation, norm; and the bias per vocabulary entry that a tied projection lacks (an untied lm
-  head has its own)."""
+  head has its own). ELECTRA's generator reads `d_in`-wide hidden states with `activation`."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.dense = Dense((cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=cfg.d_model**-0.5,
-                       cfg=cfg, rngs=rngs)
-    self.act = ACTIVATION_FUNCTIONS['gelu_erf' if cfg.mlm_transform == 'roberta'
-                                    else cfg.activation.removeprefix('gated-')]
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, d_in: int | None = None,
+               activation: str | None = None):
+    d_in = d_in or cfg.d_model
+    self.dense = Dense((d_in,), (cfg.d_model,), ('embed', 'mlp'), std=d_in**-0.5, cfg=cfg,
+                       rngs=rngs)
+    if activation is None:
+      activation = ('gelu_erf' if cfg.mlm_transform == 'roberta'
+                    else cfg.activation.removeprefix('gated-'))
+    self.act = ACTIVATION_FUNCTIONS[activation]
     self.norm = Norm(cfg, rngs=rngs)
     self.output_bias = (param(rngs, jax.nn.initializers.zeros, (cfg.vocab_size,), ('vocab',), cfg)
                         if cfg.use_bias and cfg.tie_embeddings else None)

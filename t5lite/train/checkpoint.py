@@ -15,6 +15,7 @@ from absl import logging
 
 from t5lite import paths
 from t5lite.models.config import ModelConfig
+from t5lite.models.params import flatten
 
 ITEMS = ('state', 'data', 'config')
 
@@ -95,7 +96,10 @@ class Checkpointer:
     factored attention kernels as T5 does, or by another optimizer) is refused in one line first:
     orbax would fail inside its readers.
     """
-    saved = self._saved_shapes(step)
+    saved = self._saved_metadata(step)
+    if saved is not None:
+      self._check_params(step, saved['params'], abstract_state.params)
+      saved = sorted(tuple(x.shape) for x in jax.tree.leaves(saved))
     ours = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
     if saved is not None and saved != ours:
       raise ValueError(
@@ -107,8 +111,8 @@ class Checkpointer:
                              data=ocp.args.JsonRestore())
     return restored['state'], restored['data']
 
-  def _saved_shapes(self, step: int) -> list[tuple] | None:
-    """The shapes of every array of the saved train state, sorted; None if they cannot be read
+  def _saved_metadata(self, step: int):
+    """The saved train state's array metadata (shapes), in its tree; None if it cannot be read
     (a damaged checkpoint: restoring it says so)."""
     reader = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
@@ -116,15 +120,34 @@ class Checkpointer:
         item_handlers={'state': ocp.StandardCheckpointHandler(),
                        'data': ocp.JsonCheckpointHandler(), 'config': ocp.JsonCheckpointHandler()})
     try:
-      return sorted(tuple(x.shape) for x in jax.tree.leaves(reader.item_metadata(step)['state']))
+      return reader.item_metadata(step)['state']
     except Exception:  # pylint: disable=broad-except
       return None
     finally:
       reader.close()
 
+  def _check_params(self, step: int, saved, abstract_params) -> None:
+    """Refuses parameters saved in another layout than the model's, which a t5lite that built the
+    model otherwise wrote (ELECTRA's generator before 2026-11-24), instead of failing in orbax."""
+    def shapes(tree):
+      return {'/'.join(str(key) for key in path if key != 'value'): tuple(leaf.shape)
+              for path, leaf in flatten(tree)}
+
+    saved, ours = shapes(saved), shapes(abstract_params.to_pure_dict())
+    if saved != ours:
+      path = sorted(saved.keys() ^ ours.keys() or
+                    {path for path in ours if saved[path] != ours[path]})[0]
+      raise ValueError(
+          f'checkpoint {self.directory}/{step} holds parameters of another layout than '
+          f'this model\'s ({path}: saved {saved.get(path, "none")}, the model\'s '
+          f'{ours.get(path, "none")}); an older t5lite wrote it: read it with that version')
+
   def restore_params(self, step: int, abstract_params):
     """The train state's parameters alone (a distillation teacher's): the optimizer state is
     never read."""
+    saved = self._saved_metadata(step)
+    if saved is not None:
+      self._check_params(step, saved['params'], abstract_params)
     item = {'params': abstract_params}
     return self._restore(step, state=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5lite import models
 from t5lite.models.config import ModelConfig
+from t5lite.models.params import flatten
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import optim
 
@@ -83,9 +84,14 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
 def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params,
                 seed: int) -> TrainState:
   """Step 0 of a run that starts from given parameters (pretrained or imported, any layout):
-  a fresh optimizer state, everything placed in `spec`'s shardings."""
-  if isinstance(params, dict):  # nested arrays, as hf.import_hf gives them: fill the run's Params
-    arrays, params = params, jax.tree.map(lambda leaf: leaf, spec.abstract.params)  # a copy
+  a fresh optimizer state, everything placed in `spec`'s shardings. Nested arrays, as
+  hf.import_hf gives them, may lack parameters (an ELECTRA discriminator's generator): those
+  start as the run's initialiser makes them."""
+  if isinstance(params, dict):
+    arrays = params
+    complete = (dict(flatten(arrays)).keys()
+                == dict(flatten(spec.abstract.params.to_pure_dict())).keys())
+    params = jax.tree.map(lambda leaf: leaf, (spec.abstract if complete else spec.init()).params)
     nnx.replace_by_pure_dict(params, arrays)
   params = jax.device_put(params, spec.shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=spec.shardings.opt_state)(params)

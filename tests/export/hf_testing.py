@@ -19,8 +19,9 @@ from t5lite.token_ids import EOS_ID
 
 
 def perturbed_params(cfg: ModelConfig, seed: int) -> dict:
-  """Our unrolled params, every one perturbed. The token embedding shrinks so that the layers, not the last
-  token's own embedding, pick the next token (a random tied model repeats its input)."""
+  """Our unrolled params, every one perturbed. The token embedding shrinks so that the layers,
+  not the last token's own embedding, pick the next token (a random tied model repeats its
+  input)."""
   rng = np.random.RandomState(seed)
   params = jax.tree.map(lambda x: x * (1 + 0.3 * rng.randn(*x.shape)) + 0.1 * rng.randn(*x.shape),
                         get_params(build(cfg, nnx.Rngs(seed))))

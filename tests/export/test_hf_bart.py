@@ -149,23 +149,24 @@ def test_import_gives_back_the_exported_params(exported):
   assert imported['decoder']['layers']['cross_attention']['q']['kernel'].shape == (2, 64, 4, 16)
 
 
-@pytest.mark.parametrize('scale_embedding', [False, True])
-def test_import_from_transformers(scale_embedding, tmp_path):
+@pytest.mark.parametrize('scale_embedding, activation', [(False, 'gelu_new'), (True, 'gelu')])
+def test_import_from_transformers(scale_embedding, activation, tmp_path):
   """A BartForConditionalGeneration saved by transformers imports; so does its BartModel, whose
   tensors lack the 'model.' prefix. Embeddings that HF multiplies by sqrt(d_model) import with
-  the factor in ours."""
+  the factor in ours; BART's own erf `gelu` as our gelu_erf."""
   config = transformers.BartConfig(
       vocab_size=256, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
       decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-      max_position_embeddings=64, activation_function='gelu_new', scale_embedding=scale_embedding,
+      max_position_embeddings=64, activation_function=activation, scale_embedding=scale_embedding,
       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, forced_eos_token_id=None)
   hf = perturb_torch(transformers.BartForConditionalGeneration(config).eval(), seed=5)
   hf.save_pretrained(tmp_path / 'lm')
   hf.model.save_pretrained(tmp_path / 'base')
   cfg, params = import_hf(str(tmp_path / 'lm'))
-  assert cfg == tiny()
+  assert cfg == tiny(activation={'gelu_new': 'gelu', 'gelu': 'gelu_erf'}[activation])
   diff = logit_diff(our_model(cfg, params), hf, seed=6)
-  print(f'imported BART (scale_embedding={scale_embedding}) max |logit diff| {diff:.2e}')
+  print(f'imported BART ({activation}, scale_embedding={scale_embedding}) max |logit diff| '
+        f'{diff:.2e}')
   assert diff < TOLERANCE
   assert_same_params(import_hf(str(tmp_path / 'base'))[1], params)
 
@@ -188,7 +189,8 @@ def test_export_refuses_what_bart_cannot_be(overrides, message, tmp_path):
 
 
 @pytest.mark.parametrize('change, message', [
-    (dict(activation_function='gelu'), "unsupported BART activation_function='gelu'"),
+    (dict(activation_function='silu'),
+     "unsupported BART activation_function='silu'; expected one of relu, gelu_new, gelu$"),
     (dict(tie_word_embeddings=False), 'unsupported BART tie_word_embeddings=False'),
     (dict(normalize_before=True), 'unsupported BART normalize_before=True'),
     (dict(add_final_layer_norm=True), 'unsupported BART add_final_layer_norm=True'),

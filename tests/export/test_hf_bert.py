@@ -19,6 +19,7 @@ import safetensors.numpy
 
 from t5lite.export import export_hf, import_hf
 from t5lite.models import ModelConfig, build, get_params, load_params
+from t5lite.models.hf_mapping import FEED_FORWARD_PROJ
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -36,6 +37,9 @@ KINDS = {
              'BertForPreTraining', 'AutoModelForPreTraining'),
     'bert_mlm': (dict(mlm_transform='bert', norm_eps=1e-12), 'BertForMaskedLM',
                  'AutoModelForMaskedLM'),
+    # the published BERT's layers: the erf GELU (HF's hidden_act='gelu')
+    'bert_erf': (dict(next_sentence=True, mlm_transform='bert', norm_eps=1e-12,
+                      activation='gelu_erf'), 'BertForPreTraining', 'AutoModelForPreTraining'),
     'roberta': (dict(mlm_transform='roberta', norm_eps=1e-5), 'RobertaForMaskedLM',
                 'AutoModelForMaskedLM'),
 }
@@ -156,12 +160,13 @@ def test_bert_keeps_the_next_sentence_export_tensors(tmp_path):
 
 
 def hf_model(kind: str, seed: int):
-  """A random transformers model of `kind` our config can be: gelu_new (our tanh GELU), pad id
-  0; every parameter perturbed, token type 0 too (imported, it joins the positions)."""
+  """A random transformers model of `kind` our config can be: pad id 0; every parameter
+  perturbed, token type 0 too (imported, it joins the positions)."""
   cfg = tiny(kind)
   fields = dict(vocab_size=VOCAB, hidden_size=cfg.d_model, num_hidden_layers=2,
                 num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
-                hidden_act='gelu_new', layer_norm_eps=cfg.norm_eps, pad_token_id=0,
+                hidden_act=FEED_FORWARD_PROJ[cfg.activation], layer_norm_eps=cfg.norm_eps,
+                pad_token_id=0,
                 max_position_embeddings=cfg.max_length)
   if kind == 'roberta':
     fields.update(max_position_embeddings=cfg.max_length + 1, type_vocab_size=1)
@@ -202,8 +207,8 @@ def test_export_refuses_what_hf_cannot_be(kind, overrides, message, tmp_path):
 
 
 @pytest.mark.parametrize('kind, config, message', [
-    ('bert', dict(hidden_act='gelu'),
-     r"unsupported BERT hidden_act='gelu'; .*t5lite's gelu is the tanh approximation"),
+    ('bert', dict(hidden_act='silu'),
+     "unsupported BERT hidden_act='silu'; expected one of relu, gelu_new, gelu$"),
     ('bert_mlm', dict(position_embedding_type='relative_key'),
      "unsupported BERT position_embedding_type='relative_key'"),
     ('bert', dict(is_decoder=True), 'unsupported BERT is_decoder=True'),

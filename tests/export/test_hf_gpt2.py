@@ -197,7 +197,7 @@ def test_export_refuses_what_gpt2_cannot_be(overrides, message, tmp_path):
 @pytest.mark.parametrize('change, message', [
     (dict(scale_attn_by_inverse_layer_idx=True),
      'unsupported GPT-2 scale_attn_by_inverse_layer_idx=True'),
-    (dict(activation_function='gelu'), "unsupported GPT-2 activation_function='gelu'"),
+    (dict(activation_function='silu'), "unsupported GPT-2 activation_function='silu'"),
     (dict(add_cross_attention=True), 'unsupported GPT-2 add_cross_attention=True'),
     (dict(tie_word_embeddings=False), 'unsupported GPT-2 tie_word_embeddings=False'),
     (dict(n_embd=None), 'GPT-2 config.json misses n_embd'),

@@ -35,13 +35,16 @@ FAMILY = {
     'transformer_base': (65e6, 37_120 * 512 + 6 * 3_152_384 + 6 * 4_204_032),
     'bart_base': (140e6, 139_420_416 - 2 * 2 * 768 + (50304 - 50265) * 768),
     # ELECTRA-small by hand, BERT layers of 4 * d * inner + 2 * d * ff weights, their biases
-    # (3 * inner + d + ff + d) and two LayerNorms (4 * d): 12 discriminator layers (inner 256,
-    # ff 1024), 12 generator layers (inner 64, ff 256), the 8192-id embedding, 512 positions and
-    # the embedding LayerNorm (2 * d), all shared, the discriminator head (d*d + d, then d + 1).
-    # The paper's 14M has 30,522 ids.
-    'electra_small': (14e6, 12 * (4 * 256 * 256 + 2 * 256 * 1024 + 5 * 256 + 1024 + 1024)
-                      + 12 * (4 * 256 * 64 + 2 * 256 * 256 + 3 * 64 + 2 * 256 + 256 + 1024)
-                      + (8192 + 512 + 2) * 256 + 256 * 256 + 256 + 256 + 1),
+    # (3 * inner + d + ff + d) and two LayerNorms (4 * d): 12 discriminator layers (d and inner
+    # 256, ff 1024), 12 generator layers (d and inner 64, ff 256); the 8192-id embedding, 512
+    # positions and the embedding LayerNorm (2 * 256), all shared; the discriminator head (d*d + d,
+    # then d + 1); the generator's projection in (256 * 64 + 64) and MLM head (64 * 256 + 256, a
+    # LayerNorm, 8192 output biases). No published count to compare: the paper's 14M is the
+    # discriminator alone with 30,522 ids embedded 128 wide.
+    'electra_small': (None, 12 * (4 * 256 * 256 + 2 * 256 * 1024 + 5 * 256 + 1024 + 1024)
+                      + 12 * (4 * 64 * 64 + 2 * 64 * 256 + 5 * 64 + 256 + 256)
+                      + (8192 + 512 + 2) * 256 + 256 * 256 + 256 + 256 + 1
+                      + 256 * 64 + 64 + 64 * 256 + 256 + 2 * 256 + 8192),
 }
 
 
@@ -92,7 +95,8 @@ def test_family_preset_parameter_count(name):
   published, exact = FAMILY[name]
   count = count_params(preset(name))
   assert count == exact
-  assert abs(count / published - 1) < 0.03
+  if published is not None:
+    assert abs(count / published - 1) < 0.03
 
 
 def test_t5_tiny_builds():

@@ -263,8 +263,8 @@ def test_scanned_electra_stack_unstack_round_trip():
   cfg = tiny(arch='electra', generator_size=0.5)
   params = get_params(build(cfg, nnx.Rngs(0)))
   stacked = stack_layers(params)
-  for stack, d_ff in (('generator', 32), ('discriminator', 64)):
-    assert stacked[stack]['layers']['mlp']['wi']['kernel'].shape == (2, 32, d_ff)
+  for stack, width, d_ff in (('generator', 16, 32), ('discriminator', 32, 64)):
+    assert stacked[stack]['layers']['mlp']['wi']['kernel'].shape == (2, width, d_ff)
   load_params(build(dataclasses.replace(cfg, scan_layers=True), nnx.Rngs(1)), stacked)
   jax.tree.map(np.testing.assert_array_equal, unstack_layers(stacked), params)
 

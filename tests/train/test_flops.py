@@ -53,9 +53,11 @@ def test_electra_by_hand():
   cfg = ModelConfig(arch='electra', activation='relu', generator_size=0.5,
                     **dict(TINY, num_decoder_layers=0))
   # 10 tokens. Discriminator: the encoder layer above 5120 + 3200 + 5120, its head (d -> d, then
-  # d -> 1) 2*10*8*9 = 1440. Generator, 1 head of 4 and d_ff 8: projections 4*2*10*8*4 = 2560,
-  # scores 2*2*10*10*4 = 1600, FFN 2*2*10*8*8 = 2560, lm head 16000.
-  assert flops.flops_per_example(cfg, 10, 99) == (13440 + 1440) + (2560 + 1600 + 2560 + 16000)
+  # d -> 1) 2*10*8*9 = 1440. Generator, 1 head of 4, so 4 wide, and d_ff 8: the embeddings
+  # projected in 2*10*8*4 = 640, Q, K, V, O 4*2*10*4*4 = 1280, scores 2*2*10*10*4 = 1600, FFN
+  # 2*2*10*4*8 = 1280, its MLM transform back to 8 wide 640, lm head 16000.
+  assert flops.flops_per_example(cfg, 10, 99) == (
+      (13440 + 1440) + (640 + 1280 + 1600 + 1280 + 640 + 16000))
 
 
 def test_t5_1_1_base_against_6nd():
