@@ -15,6 +15,7 @@ from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.export import hf
 from t5lite.export import tokenizer
+from t5lite.models.config import ModelConfig
 from t5lite.models.params import flatten
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
@@ -67,12 +68,14 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
     run_lib.check_vocabulary(vocabulary.Vocabulary(proto, hf_dir),
                              config_lib.model_config(config), f'the vocabulary of {hf_dir}')
   run = run_lib.make_run(config, reads_text=not copy_vocabulary)
+  if run.model_cfg.scan_layers:
+    params = models.stack_layers(params)
+  fresh = _parts_absent(params, model_cfg, run, hf_dir)
   with run.sharding():
     state = state_lib.from_params(run.spec, run.optimizer, params, config.train.seed)
   if proto is None:
     print(f'warning: {hf_dir} has no {tokenizer.SPIECE_FILE} or {tokenizer.TOKENIZER_JSON_FILE}; '
           f'the run reads data.vocabulary={config.data.vocabulary!r}', file=sys.stderr)
-  fresh = _parts_absent(params, run)
   if fresh:
     print(f'warning: {hf_dir} holds no {", ".join(fresh)}; they start as a new run\'s do '
           f'(train.seed={config.train.seed})', file=sys.stderr)
@@ -87,12 +90,22 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
 
 
 
-def _parts_absent(params: dict, run: run_lib.Run) -> list[str]:
+def _parts_absent(params: dict, imported: ModelConfig, run: run_lib.Run, hf_dir: str
+                  ) -> list[str]:
   """The model's parts (a layer stack's by name, 'generator/layers') that imported `params`
-  lack."""
+  lack; refuses overrides that reshape what they hold (ELECTRA's generator_size may shape the
+  generator that an ELECTRA discriminator's folder lacks)."""
   stacks = models.family(run.model_cfg.arch).stacks
+  expected = dict(flatten(run.spec.abstract.params.to_pure_dict()))
+  for path, value in flatten(params):
+    shape = expected[path].shape if path in expected else None
+    if shape != value.shape:
+      diffs = checkpoint_lib.structural_diffs(dataclasses.asdict(imported),
+                                              dataclasses.asdict(run.model_cfg))
+      raise ValueError(f'the overrides change the model of {hf_dir} ({", ".join(diffs)}: '
+                       f'{"/".join(map(str, path))} is {value.shape} there, {shape} with them); '
+                       'drop those --config.model settings')
   given = {path for path, _ in flatten(params)}
-  absent = [path for path, _ in flatten(run.spec.abstract.params.to_pure_dict())
-            if path not in given]
+  absent = [path for path in expected if path not in given]
   return list(dict.fromkeys('/'.join(map(str, path[:2 if path[0] in stacks else 1]))
                             for path in absent))

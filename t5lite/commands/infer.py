@@ -82,7 +82,8 @@ def infer_workdir(config, workdir: str, inputs: list[str], *, step: int | None =
   Inputs are tokenized with the run's vocabulary, EOS appended for an encoder, and padded to
   data.inputs_length (a causal LM's: to the longest). `options` go to `decoding.generate`
   (method, temperature, top_k, top_p, beam_size, alpha); max_decode_length defaults to
-  data.targets_length; sampling draws from `seed`. Which `out` may be written, checked before anything is decoded: t5lite/outputs.py.
+  data.targets_length; sampling draws from `seed`. Which `out` may be written, checked before
+  anything is decoded: t5lite/outputs.py.
   """
   keys = ('input', 'output')  # of each JSONL line
   if out:

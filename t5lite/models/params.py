@@ -68,7 +68,7 @@ def unstack_layers(params: Mapping[str, Any]) -> Params:
   """Scanned layout -> unrolled: stack['layers'][name] (n, ...) -> stack['layers'][i][name]."""
   out = dict(params)
   for stack in registry.stack_names():
-    if stack in out:
+    if 'layers' in out.get(stack, {}):
       layers = out[stack]['layers']
       num_layers = jax.tree.leaves(layers)[0].shape[0]
       out[stack] = {**out[stack], 'layers': {
@@ -80,7 +80,7 @@ def stack_layers(params: Mapping[str, Any]) -> Params:
   """Unrolled layout -> scanned: stack['layers'][i][name] -> stack['layers'][name] (n, ...)."""
   out = dict(params)
   for stack in registry.stack_names():
-    if stack in out:
+    if 'layers' in out.get(stack, {}):  # an import may lack a stack's layers
       layers = out[stack]['layers']
       ordered = [layers[i] for i in sorted(layers)]
       out[stack] = {**out[stack], 'layers': jax.tree.map(lambda *xs: jnp.stack(xs), *ordered)}

@@ -161,9 +161,10 @@ def test_import_refuses_what_t5lite_electra_is_not(exported, tmp_path):
     import_hf(str(tmp_path / 'mixed'))
 
 
-def test_discriminator_alone_imports_into_a_workdir_that_trains(tmp_path, capsys):
+def test_discriminator_alone_imports_into_a_workdir_that_evaluates(tmp_path, capsys):
   """import-hf of a discriminator without generator/: one warning line names what starts fresh,
-  the discriminator is the folder's and the run evaluates."""
+  which --config.model.generator_size shapes; the discriminator is the folder's, scanned or not,
+  and the run evaluates."""
   cfg = dataclasses.replace(CFG, vocab_size=8192)  # the bundled vocabulary's
   params = perturbed_params(cfg, seed=8)
   export_hf(params, cfg, str(tmp_path / 'both'))
@@ -172,7 +173,8 @@ def test_discriminator_alone_imports_into_a_workdir_that_trains(tmp_path, capsys
     (folder / 'generator' / name).unlink()
   (folder / 'generator').rmdir()
   capsys.readouterr()
-  assert cli.main(['import-hf', f'--hf={folder}', f'--workdir={workdir}']) == 0
+  assert cli.main(['import-hf', f'--hf={folder}', f'--workdir={workdir}',
+                   '--config.model.generator_size=0.5', '--config.model.scan_layers=true']) == 0
   warnings = capsys.readouterr().err.splitlines()
   assert warnings[-1] == (f'warning: {folder} holds no generator/embed_projection, '
                           'generator/layers, generator_head; they start as a new run\'s do '
@@ -188,3 +190,5 @@ def test_discriminator_alone_imports_into_a_workdir_that_trains(tmp_path, capsys
   assert back.keys() == ours.keys()
   for name, value in ours.items():  # the discriminator comes back as it went in
     np.testing.assert_array_equal(back[name], value, err_msg=name)
+  generator = json.loads((hf_dir / 'generator' / 'config.json').read_text())
+  assert (generator['hidden_size'], generator['intermediate_size']) == (32, 64)

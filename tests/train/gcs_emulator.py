@@ -17,7 +17,6 @@ import datetime
 import http.client
 import http.server
 import json
-import os
 import pathlib
 import socket
 import ssl

@@ -29,6 +29,7 @@ from flax import nnx
 
 from t5lite import cli
 from t5lite.data import vocabulary
+from t5lite.models import EncoderDecoder
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import run as run_lib
 from test_loop import ROOT, SMALL, metrics, saved_params, train
@@ -314,6 +315,29 @@ def test_resuming_another_optimizer_state_layout_changes_nothing(trained_222, tm
                    '--config.optim.name=adamw']) == 0
 
 
+
+
+def test_parameters_of_another_layout_are_refused_in_one_line(trained_222, tmp_path, capsys,
+                                                             monkeypatch):
+  """Parameters laid out otherwise than today's model of the same config (as ELECTRA's generator
+  before 2026-11-24; here a decoder without its final norm): eval and export name the first that
+  differs, before orbax reads anything; nothing changes."""
+  workdir = copy_until(trained_222, 3, tmp_path / 'run')
+  before = snapshot(workdir)
+  build = EncoderDecoder.__init__
+
+  def without_final_norm(self, cfg, *, rngs):
+    build(self, cfg, rngs=rngs)
+    self.decoder.final_norm = None
+
+  monkeypatch.setattr(EncoderDecoder, '__init__', without_final_norm)
+  for command in (['eval', '--num_batches=1'], ['export', f'--out={tmp_path / "hf"}']):
+    assert cli.main([command[0], f'--workdir={workdir}', *command[1:]]) == 2, command
+    assert one_line_error(capsys) == (
+        f't5lite {command[0]}: error: checkpoint {workdir}/checkpoints/3 holds parameters of '
+        "another layout than this model's (decoder/final_norm/scale: saved (64,), the model's "
+        'none); an older t5lite wrote it: read it with that version')
+  assert snapshot(workdir) == before and not os.path.exists(tmp_path / 'hf')
 
 
 def test_an_unwritable_workdir_is_refused_in_one_line(trained_222, capsys):
