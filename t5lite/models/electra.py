@@ -50,7 +50,9 @@ class Electra(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg, self.generator_cfg = cfg, generator_config(cfg)
-    self.embed, _, self.rngs = shared_parts(cfg, rngs)  # tied: no lm head
+    # the generator reads its logits off the shared embedding, whatever tie_embeddings says
+    self.tied_cfg = dataclasses.replace(cfg, tie_embeddings=True)
+    self.embed, _, self.rngs = shared_parts(self.tied_cfg, rngs)
     self.generator = Stack(self.generator_cfg, cfg.num_encoder_layers, causal=False,
                            cross_attention=False, rngs=rngs, embed_width=cfg.d_model)
     self.discriminator = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
@@ -59,7 +61,7 @@ class Electra(nnx.Module):
       self.generator.position_embedding = self.discriminator.position_embedding
     if cfg.embed_norm:  # and one embedding LayerNorm
       self.generator.embed_norm = self.discriminator.embed_norm
-    self.generator_head = MlmTransform(cfg, rngs=rngs, d_in=self.generator_cfg.d_model,
+    self.generator_head = MlmTransform(self.tied_cfg, rngs=rngs, d_in=self.generator_cfg.d_model,
                                        activation='gelu_erf')
     # The paper's discriminator head: dense + activation, then one logit per token.
     self.act = ACTIVATION_FUNCTIONS[cfg.activation.removeprefix('gated-')]
@@ -74,7 +76,7 @@ class Electra(nnx.Module):
     features = Features.from_batch(batch, 'encoder')
     x = self.generator(self.embed(features.tokens), features, deterministic=deterministic,
                        rngs=self.rngs if rngs is None else rngs)
-    return output_logits(self.cfg, self.embed, None, x, self.generator_head)
+    return output_logits(self.tied_cfg, self.embed, None, x, self.generator_head)
 
   def discriminator_logits(self, features: Features, *, deterministic: bool = True,
                            rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -107,9 +109,6 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers')
   architecture.refuse_encoder_heads(cfg)
-  if not cfg.tie_embeddings:
-    raise ValueError("model.arch='electra' reads its generator's logits off the shared embedding:"
-                     " model.tie_embeddings must be True")
 
 
 def hf_check(cfg: ModelConfig) -> None:
