@@ -97,7 +97,8 @@ def _parts_absent(params: dict, imported: ModelConfig, run: run_lib.Run, hf_dir:
   generator that an ELECTRA discriminator's folder lacks)."""
   stacks = models.family(run.model_cfg.arch).stacks
   expected = dict(flatten(run.spec.abstract.params.to_pure_dict()))
-  for path, value in flatten(params):
+  given = dict(flatten(params))
+  for path, value in given.items():
     shape = expected[path].shape if path in expected else None
     if shape != value.shape:
       diffs = checkpoint_lib.structural_diffs(dataclasses.asdict(imported),
@@ -105,7 +106,6 @@ def _parts_absent(params: dict, imported: ModelConfig, run: run_lib.Run, hf_dir:
       raise ValueError(f'the overrides change the model of {hf_dir} ({", ".join(diffs)}: '
                        f'{"/".join(map(str, path))} is {value.shape} there, {shape} with them); '
                        'drop those --config.model settings')
-  given = {path for path, _ in flatten(params)}
   absent = [path for path in expected if path not in given]
   return list(dict.fromkeys('/'.join(map(str, path[:2 if path[0] in stacks else 1]))
                             for path in absent))
