@@ -51,24 +51,26 @@ def train_command(args, overrides):
 
 @command('eval', 'held-out loss and accuracy of the latest checkpoint')
 def eval_command(args, overrides):
-  from t5lite.commands import evaluate, finetune
+  from t5lite.commands import evaluate
   config = load_run_config(args, overrides)
-  task = config.data.task and not args.data  # a fine-tuned run: its task's held-out split
+  inputs = None
+  if config.data.task and not args.data:  # a fine-tuned run: its task's held-out split
+    from t5lite.commands import finetune
+    inputs = finetune.task_inputs(config)
   metrics = evaluate.evaluate_workdir(config, args.workdir, data=args.data,
-                                      num_batches=args.num_batches,
-                                      inputs=finetune.task_inputs(config) if task else None)
+                                      num_batches=args.num_batches, inputs=inputs)
   print(json.dumps(metrics))
 
 
 @command('data', 'write the first batches exactly as the train step receives them')
 def data_command(args, overrides):
-  from t5lite.data import pipeline
+  from t5lite.data import batches
   config = load_run_config(args, overrides)
   if args.out:
-    pipeline.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)
+    batches.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)
     print(f'wrote {args.num_batches} batches to {args.out}')
   if args.show:
-    print(pipeline.show_examples(config.data, args.show))
+    print(batches.show_examples(config.data, args.show))
 
 
 @command('export', 'export a checkpoint to a Hugging Face folder (config.json + model.safetensors)')
@@ -322,28 +324,19 @@ def one_line(error: BaseException) -> str:
 
 
 def quiet_libraries() -> None:
-  """Keeps stderr for t5lite's own lines: TensorFlow's start-up banner (written by its C++ logging
-  while it is imported, whatever TF_CPP_MIN_LOG_LEVEL says), orbax's tracebacks of a failed save
-  (the error reaches the command, which says it in one line) and Python's "Exception ignored"
-  reports of coroutines a failed restore abandoned, and the "never awaited" warnings of the writes
-  a failed save abandoned (issued at exit). T5LITE_DEBUG=1 keeps them all."""
+  """Keeps stderr for t5lite's own lines: orbax's tracebacks of a failed save (the error reaches
+  the command, which says it in one line) and Python's "Exception ignored" reports of coroutines
+  a failed restore abandoned, and the "never awaited" warnings of the writes a failed save
+  abandoned (issued at exit). TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1
+  keeps them all."""
   global _quiet
   if _quiet:  # once per process (tests call main() again and again)
     return
   _quiet = True
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  saved = os.dup(2)
-  with open(os.devnull, 'w', encoding='utf-8') as devnull:
-    os.dup2(devnull.fileno(), 2)
-    try:
-      from t5lite.data import tf_setup  # pylint: disable=import-outside-toplevel,unused-import
-    except ImportError:
-      pass
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
   import logging  # pylint: disable=import-outside-toplevel
-  logging.getLogger('absl').addFilter(lambda record: '/orbax/' not in record.pathname)
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+  # absl's own logger reports the caller's file (a plain one would name absl's)
+  absl_logging.get_absl_logger().addFilter(lambda record: '/orbax/' not in record.pathname)
   logging.getLogger('asyncio').disabled = True  # orbax's abandoned writes after a failed save
   sys.unraisablehook = lambda unraisable: None
   warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)

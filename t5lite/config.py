@@ -40,7 +40,7 @@ def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()
   # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
-  data.source = 'bundled'
+  data.source = 'bundled'  # bundled | files or globs | tfds:NAME | synthetic (random tokens)
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)

@@ -1,13 +1,14 @@
-"""The models, the train step and the Hugging Face export load without TensorFlow, which only
-the input pipeline runs; the token ids they share live in one TF-free module."""
+"""Training, evaluation, `plan`, the models and the Hugging Face export load without TensorFlow,
+which only the input pipeline runs; the token ids they share live in one TF-free module."""
 
 import subprocess
 import sys
 
-MODULES = ('t5lite.models', 't5lite.train.step', 't5lite.export.hf', 't5lite.token_ids')
+MODULES = ('t5lite.models', 't5lite.train.loop', 't5lite.commands.evaluate',
+           't5lite.commands.plan', 't5lite.data.batches', 't5lite.export.hf', 't5lite.token_ids')
 
 
-def test_models_step_and_export_import_no_tensorflow():
+def test_training_evaluation_plan_and_export_import_no_tensorflow():
   code = (f'import sys, {", ".join(MODULES)}; '
           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)

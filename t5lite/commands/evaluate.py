@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from t5lite.data import pipeline
+from t5lite.data import batches as batches_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib
 
@@ -23,7 +23,7 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str, data: str 
   with run.sharding():
     loss = run.loss(exact_match=bool(inputs and inputs.exact_match))
     batches, count = inputs.held_out() if inputs else (
-        pipeline.make_pipeline(config.data, split), config.train.eval_batches)
+        batches_lib.make_batches(config.data, split), config.train.eval_batches)
     metrics = loop.evaluate(run.jit_eval_step(loss), loss, params, batches,
                             num_batches or count, run.batch_sharding)
   return {'step': step, **metrics}

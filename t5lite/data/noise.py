@@ -30,28 +30,6 @@ from t5lite.data.tf_setup import tf
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
 
-def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
-                        mean_noise_span_length: float = 3.0) -> tuple[int, int]:
-  """(raw tokens per example, targets length) so that corrupted inputs fill `inputs_length`.
-
-  Counts one sentinel per noise span in both inputs and targets and one EOS in each, as T5:
-  512 -> (568, 114), 256 -> (284, 58), 1024 -> (1137, 229), 128 -> (141, 29).
-  """
-  def lengths(tokens_length):
-    num_noise_tokens = int(round(tokens_length * noise_density))
-    num_noise_spans = int(round(num_noise_tokens / mean_noise_span_length))
-    return (tokens_length - num_noise_tokens + num_noise_spans + 1,
-            num_noise_tokens + num_noise_spans + 1)
-
-  tokens_length = inputs_length - 1
-  while lengths(tokens_length + 1)[0] <= inputs_length:
-    tokens_length += 1
-  targets_length = lengths(tokens_length)[1]
-  if noise_density == 0.5 and targets_length > inputs_length:  # T5 keeps targets <= inputs here
-    tokens_length, targets_length = tokens_length - 1, targets_length - 1
-  return tokens_length, targets_length
-
-
 def _random_segmentation(num_items, num_segments, seed):
   """Lengths of `num_segments` non-empty segments that partition `num_items`, all equally likely.
 
@@ -112,8 +90,9 @@ def span_corruption(dataset: tf.data.Dataset, sentinel_id: int, noise_density: f
                     mean_noise_span_length: float = 3.0) -> tf.data.Dataset:
   """{'targets': raw tokens, 'seed': int64[2]} -> {'inputs', 'targets'}, each ending in EOS.
 
-  Split the text into chunks of `random_spans_helper(inputs_length)[0]` tokens first, as T5
-  does, and the outputs have exactly inputs_length and targets_length tokens.
+  Split the text into chunks of `random_spans_helper(inputs_length)[0]` tokens first (in
+  t5lite/objectives/span_corruption.py), as T5 does, and the outputs have exactly
+  inputs_length and targets_length tokens.
   """
   def corrupt(example):
     tokens = example['targets']

@@ -31,7 +31,6 @@ TensorFlow never sees an accelerator (see `t5lite/data/__init__.py`); tf.data ru
 
 import atexit
 import functools
-import itertools
 import os
 import weakref
 
@@ -39,8 +38,8 @@ import ml_collections
 import numpy as np
 from t5lite.data.tf_setup import tf
 
-from t5lite import outputs
 from t5lite import objectives
+from t5lite.data import batches as batches_lib
 from t5lite.data import packing
 from t5lite.data import sources
 from t5lite.data import vocabulary
@@ -102,7 +101,7 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
   if process_index is None or process_count is None:
     import jax  # only to ask who we are; the pipeline itself never touches JAX
     process_index, process_count = jax.process_index(), jax.process_count()
-  per_process = per_process_batch(data.batch_size, process_index, process_count)
+  per_process = batches_lib.per_process_batch(data.batch_size, process_index, process_count)
   objective = objectives.get(data.objective)
   raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
@@ -123,28 +122,9 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
   return Pipeline(_model_features(batches, objective, data, per_process), position)
 
 
-def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
-  """Rows of each global batch that one process feeds; one line if the processes cannot share it."""
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
-  if batch_size < 1 or batch_size % process_count:
-    raise ValueError(f'data.batch_size={batch_size} must be a positive multiple of the '
-                     f'{process_count} processes')
-  return batch_size // process_count
-
-
-def own_position(start: int | dict | list, process_index: int) -> dict:
-  """This process's position to start from. Every batch iterator's `state()` is one JSON dict:
-  `batch`, the global batches consumed, plus its own cursor (a streamed source's block and row, a
-  task's epoch and row); a checkpoint saves one per process, as a list. A number is a batch."""
-  if isinstance(start, (list, tuple)):
-    start = start[process_index]
-  return {'batch': int(start)} if isinstance(start, (int, np.integer)) else dict(start)
-
-
 def _start_position(start, process_index: int, process_count: int, streamed: bool) -> dict:
   """The position to start from, checked against how this pipeline addresses its data."""
-  start = own_position(start, process_index)
+  start = batches_lib.own_position(start, process_index)
   position = {'batch': int(start['batch'])}
   if not streamed:
     return position
@@ -339,61 +319,3 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
   options.threading.private_threadpool_size = threads or max(1, (os.cpu_count() or 2) // 2)
   options.threading.max_intra_op_parallelism = 1
   return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
-
-
-def _data_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config.data` of a run's config, or the data section itself."""
-  return config.data if 'data' in config else config
-
-
-# Every model feature's name starts so (packing.py's converters): how an earlier `data --out`
-# is recognised.
-_FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_')
-
-
-def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str,
-                  overwrite: bool = False) -> None:
-  """Saves the first `num_batches` global training batches, exactly as the train step gets them.
-
-  np.savez with one array per feature, shaped [num_batches, batch_size, length], at `out_path`
-  exactly (numpy would append .npz to a name without it). What may be replaced, and how the
-  file is written whole or not at all: t5lite/outputs.py.
-  """
-  outputs.check_file(out_path, lambda path: outputs.is_npz_of(path, _FEATURE_PREFIXES),
-                     overwrite=overwrite)
-  batches = make_pipeline(_data_section(config), 'train', process_index=0, process_count=1)
-  first = [next(batches) for _ in range(num_batches)]
-  with outputs.writing(out_path) as temp, open(temp, 'wb') as f:
-    np.savez(f, **{name: np.stack([b[name] for b in first]) for name in first[0]})
-
-
-def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
-  """The first `k` training examples as text, masks and sentinels visible, as the model sees
-  them."""
-  data = _data_section(config)
-  vocab = vocabulary.load_vocabulary(data.vocabulary)
-  batches = make_pipeline(data, 'train', process_index=0, process_count=1)
-  return '\n'.join(
-      f'example {n} ({len(inputs)} input tokens, {len(targets)} target tokens)\n'
-      f'  inputs:  {vocab.decode(inputs)}\n  targets: {vocab.decode(targets)}'
-      for n, (inputs, targets) in enumerate(itertools.islice(_examples(batches), k)))
-
-
-def _examples(batches):
-  """(inputs, targets) tokens of each example of packed batches, in order.
-
-  Targets are the tokens with loss (MLM: the selected ones); inputs are what the model reads
-  besides: the encoder's tokens, or a decoder-only model's prefix (none for a causal LM).
-  """
-  for batch in batches:
-    side = 'encoder' if 'encoder_target_tokens' in batch else 'decoder'
-    targets, weights = batch[f'{side}_target_tokens'], batch[f'{side}_loss_weights']
-    segments = batch[f'{side}_segment_ids']
-    if 'encoder_input_tokens' in batch:
-      inputs, input_segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
-    else:
-      inputs, input_segments = targets, np.where(weights == 0, segments, 0)
-    for row in range(len(targets)):
-      for segment in range(1, segments[row].max() + 1):
-        yield (inputs[row][input_segments[row] == segment],
-               targets[row][(segments[row] == segment) & (weights[row] > 0)])

@@ -36,7 +36,7 @@ from t5lite.data.tf_setup import tf
 
 from t5lite import paths
 from t5lite.data import packing
-from t5lite.data import pipeline
+from t5lite.data import batches
 from t5lite.data import sources
 from t5lite.data import vocabulary
 
@@ -202,20 +202,14 @@ def load_split(data: ml_collections.ConfigDict, split: str) -> Task:
               data.seed)
 
 
-def process_share(batch_size: int, process_index: int, process_count: int) -> slice:
-  """The rows of each global batch that one process feeds: 8 rows, process 1 of 2 -> [4:8]."""
-  rows = pipeline.per_process_batch(batch_size, process_index, process_count)
-  return slice(process_index * rows, (process_index + 1) * rows)
-
-
 class TaskPipeline:
   """This process's share of global batches of a task's training rows, resumable by `state()`."""
 
   def __init__(self, task: Task, batch_size: int, process_index: int, process_count: int,
                start: int | dict | list = 0):
     self._task, self._batch_size = task, batch_size
-    self._share = process_share(batch_size, process_index, process_count)
-    start = pipeline.own_position(start, process_index)
+    self._share = batches.process_share(batch_size, process_index, process_count)
+    start = batches.own_position(start, process_index)
     if 'epoch' in start:
       self._position = {k: int(start[k]) for k in ('batch', 'epoch', 'row')}
     else:  # a batch number: walk the epochs' rows up to it
@@ -254,7 +248,7 @@ def validation_batches(task: Task, batch_size: int, process_index: int,
   """This process's share of every global batch of the held-out rows, packed in file order."""
   rows = pack_examples(task.tokens, np.arange(task.num_examples), task.lengths)
   count = -(-len(rows['encoder_input_tokens']) // batch_size)  # global batches, rounded up
-  share = process_share(batch_size, process_index, process_count)
+  share = batches.process_share(batch_size, process_index, process_count)
   padded = {k: np.pad(v, [(0, count * batch_size - len(v)), (0, 0)]) for k, v in rows.items()}
   return [{k: v[b * batch_size:(b + 1) * batch_size][share] for k, v in padded.items()}
           for b in range(count)]

@@ -1,14 +1,32 @@
 """TensorFlow as the input pipeline runs it: `from t5lite.data.tf_setup import tf`.
 
-TensorFlow runs the input pipeline only. Before it creates its runtime, this hides every
-accelerator from it (JAX owns them), bounds its op thread pools and quiets its C++ logging.
+TensorFlow runs the input pipeline only, and only a run that reads text imports it. Before it
+creates its runtime, this hides every accelerator from it (JAX owns them), bounds its op thread
+pools and quiets its C++ logging, and drops the banner it writes to stderr while it is imported
+(whatever TF_CPP_MIN_LOG_LEVEL says): stderr is for t5lite's own lines. T5LITE_DEBUG=1 keeps it.
 """
 
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+def _import_tensorflow():
+  if os.environ.get('T5LITE_DEBUG'):
+    import tensorflow  # pylint: disable=import-outside-toplevel
+    return tensorflow
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, 'w', encoding='utf-8') as devnull:
+      os.dup2(devnull.fileno(), 2)
+      import tensorflow  # pylint: disable=import-outside-toplevel
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+  return tensorflow
+
+
+tf = _import_tensorflow()
 
 
 def _hide_accelerators_from_tensorflow():

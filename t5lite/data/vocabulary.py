@@ -27,7 +27,6 @@ import sentencepiece as spm
 
 from t5lite import outputs
 from t5lite import paths
-from t5lite.data import sources
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
 NUM_SENTINELS = 100
@@ -124,6 +123,7 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
   `vocab_size` counts pieces: the Vocabulary adds the 100 sentinels. Which `out_dir` may be
   written, checked before training, and how: t5lite/outputs.py.
   """
+  from t5lite.data import sources  # TensorFlow's: a run that reads no text never loads it
   outputs.check_folder(out_dir, (VOCAB_FILE,), overwrite=overwrite)
   documents, _ = sources.read_documents(inputs, text_key)
   sentences = (s for doc in documents for s in _SENTENCE_BREAK.split(doc) if s.strip())

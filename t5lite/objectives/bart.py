@@ -8,7 +8,6 @@ The loss is the token cross entropy on the decoder's targets.
 
 import ml_collections
 
-from t5lite.data import noise
 from t5lite.objectives import base
 
 
@@ -25,6 +24,7 @@ class Bart(base.EncoderDecoderObjective):
     return targets_length - 1
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.bart(examples, vocab.sentinel_id(0), vocab.sentence_end_ids(),
                       data.noise_density, data.mean_noise_span_length)
 

@@ -12,6 +12,9 @@ An objective is everything between text and the loss, in one module per objectiv
   line before a run starts;
 - its loss (`loss`): summed losses, their denominators, the scalar minimised and the metrics.
 
+`transform` and `convert` run in tf.data and import its modules (`noise`, `packing`) when
+called: a run fed synthetic batches (`data.source='synthetic'`) never loads TensorFlow.
+
 Losses are sums over tokens, divided once by denominators of the whole batch, so that gradient
 accumulation adds up to exactly the big batch for every term (see `t5lite/train/step.py`).
 """
@@ -24,7 +27,6 @@ import ml_collections
 from flax import nnx
 
 from t5lite import models
-from t5lite.data import packing
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import losses
 
@@ -112,6 +114,7 @@ class EncoderDecoderObjective(Objective):
     return {'inputs': data.inputs_length, 'targets': data.targets_length}
 
   def convert(self, row):
+    from t5lite.data import packing
     return packing.encoder_decoder_features(row)
 
   def features(self, data):

@@ -11,8 +11,6 @@ The loss is the token cross entropy on the decoder's targets.
 
 import ml_collections
 
-from t5lite.data import noise
-from t5lite.data import packing
 from t5lite.objectives import base
 
 
@@ -29,9 +27,11 @@ class CausalLM(base.Objective):
     return {'targets': data.targets_length}
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.causal_lm(examples)
 
   def convert(self, row):
+    from t5lite.data import packing
     return packing.decoder_features(row)
 
   def features(self, data):
@@ -54,9 +54,11 @@ class PrefixLM(base.Objective):
     return dict.fromkeys(('targets', 'prefix'), data.inputs_length + data.targets_length)
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.prefix_lm(examples)
 
   def convert(self, row):
+    from t5lite.data import packing
     return packing.prefix_lm_features(row)
 
   def features(self, data):

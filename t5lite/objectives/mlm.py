@@ -7,8 +7,6 @@ piece 10%, kept 10%; the loss is the token cross entropy at the selected positio
 
 import ml_collections
 
-from t5lite.data import noise
-from t5lite.data import packing
 from t5lite.objectives import base
 
 
@@ -25,9 +23,11 @@ class MaskedLM(base.Objective):
     return {'inputs': data.inputs_length, 'targets': data.inputs_length}
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.mlm(examples, vocab.sentinel_id(0), vocab.num_pieces, data.noise_density)
 
   def convert(self, row):
+    from t5lite.data import packing
     return packing.encoder_features(row)
 
   def features(self, data):

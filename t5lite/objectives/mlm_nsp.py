@@ -9,8 +9,6 @@ per masked token plus the next-sentence cross entropy per pair, each a mean, add
 import jax.numpy as jnp
 import ml_collections
 
-from t5lite.data import noise
-from t5lite.data import packing
 from t5lite.objectives import base
 from t5lite.objectives import losses
 
@@ -30,11 +28,13 @@ class MaskedLMNextSentence(base.Objective):
     return dict.fromkeys(('inputs', 'targets', 'token_types'), data.inputs_length)
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.mlm_nsp(examples, vocab.sentinel_id(1), vocab.sentinel_id(2),
                          vocab.sentinel_id(0), vocab.num_pieces, vocab.sentence_end_ids(),
                          data.noise_density)
 
   def convert(self, row):
+    from t5lite.data import packing
     return packing.encoder_pair_features(row)
 
   def features(self, data):

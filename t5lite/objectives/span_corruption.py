@@ -2,7 +2,7 @@
 
 15% of the tokens, in spans of 3 on average, each replaced by a sentinel in the inputs; the
 targets are the spans, each after its sentinel. `data.inputs_length` fixes the raw chunk so
-that the corrupted inputs fill their row exactly (`noise.random_spans_helper`):
+that the corrupted inputs fill their row exactly (`random_spans_helper`):
   raw     A B C D E F G H I J       noise spans [C D] and [I J]
   inputs  A B <X0> E F G H <X1> EOS
   targets <X0> C D <X1> I J EOS
@@ -11,7 +11,6 @@ The loss is the token cross entropy on the decoder's targets.
 
 import ml_collections
 
-from t5lite.data import noise
 from t5lite.objectives import base
 
 
@@ -21,7 +20,7 @@ class SpanCorruption(base.EncoderDecoderObjective):
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
     base.at_least(data, 'inputs_length', 2)  # a sentinel and EOS
-    raw_length, targets_length = noise.random_spans_helper(
+    raw_length, targets_length = random_spans_helper(
         data.inputs_length, data.noise_density, data.mean_noise_span_length)
     if data.targets_length < targets_length:
       raise ValueError(f'data.targets_length={data.targets_length} is too short for span '
@@ -29,8 +28,31 @@ class SpanCorruption(base.EncoderDecoderObjective):
     return raw_length
 
   def transform(self, examples, data, vocab):
+    from t5lite.data import noise
     return noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
                                  data.mean_noise_span_length)
+
+
+def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
+                        mean_noise_span_length: float = 3.0) -> tuple[int, int]:
+  """(raw tokens per example, targets length) so that corrupted inputs fill `inputs_length`.
+
+  Counts one sentinel per noise span in both inputs and targets and one EOS in each, as T5:
+  512 -> (568, 114), 256 -> (284, 58), 1024 -> (1137, 229), 128 -> (141, 29).
+  """
+  def lengths(tokens_length):
+    num_noise_tokens = int(round(tokens_length * noise_density))
+    num_noise_spans = int(round(num_noise_tokens / mean_noise_span_length))
+    return (tokens_length - num_noise_tokens + num_noise_spans + 1,
+            num_noise_tokens + num_noise_spans + 1)
+
+  tokens_length = inputs_length - 1
+  while lengths(tokens_length + 1)[0] <= inputs_length:
+    tokens_length += 1
+  targets_length = lengths(tokens_length)[1]
+  if noise_density == 0.5 and targets_length > inputs_length:  # T5 keeps targets <= inputs here
+    tokens_length, targets_length = tokens_length - 1, targets_length - 1
+  return tokens_length, targets_length
 
 
 OBJECTIVE = SpanCorruption()

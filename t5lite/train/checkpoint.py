@@ -76,8 +76,10 @@ class Checkpointer:
              'permission denied' if 'Permission denied' in text else None)
       if why is None:
         raise
-      raise OSError(f'{why} while saving a checkpoint in {self.directory}; the latest complete '
-                    f'one is step {self.manager.latest_step()}') from None
+      latest = self.manager.latest_step()
+      raise OSError(f'{why} while saving a checkpoint in {self.directory}; ' + (
+          'none is complete' if latest is None else f'the latest complete one is step {latest}')
+      ) from None
 
   def saved_config(self, step: int) -> dict:
     return self._restore(step, config=ocp.args.JsonRestore())['config']

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 
 from t5lite import outputs
 from t5lite import paths
-from t5lite.data import pipeline
+from t5lite.data import batches as batches_lib
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
 from t5lite.train import lock as lock_lib
@@ -69,10 +69,11 @@ class Inputs(NamedTuple):
 
 
 def pretraining_inputs(config: ml_collections.ConfigDict) -> Inputs:
-  """The span-corrupted text of `config.data`; eval on `train.eval_batches` held-out batches."""
+  """The objective's batches of `config.data` (text, or synthetic); eval on
+  `train.eval_batches` held-out batches."""
   return Inputs(
-      train=lambda start: pipeline.make_pipeline(config.data, 'train', start=start),
-      held_out=lambda: (pipeline.make_pipeline(config.data, 'validation'),
+      train=lambda start: batches_lib.make_batches(config.data, 'train', start=start),
+      held_out=lambda: (batches_lib.make_batches(config.data, 'validation'),
                         config.train.eval_batches))
 
 

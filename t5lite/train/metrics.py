@@ -3,16 +3,27 @@
 Only process 0 writes. Eval scalars arrive already prefixed `eval_`, so one writer serves both.
 """
 
+import contextlib
 import json
+import os
+import socket
+import time
 
 import jax
 from etils import epath
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.summary.writer import record_writer
 
 from t5lite import paths
 
 
 class MetricWriter:
   """Appends `{"step": .., name: value, ..}` to metrics.jsonl and the same to TensorBoard.
+
+  TensorBoard's events are written with the `tensorboard` package's record format, without
+  TensorFlow, which a run fed synthetic batches never loads; each run (a resumed one too) adds
+  its own events file, as TensorFlow's writer does.
 
   A run resumed at `start_step` first drops the rows after it: a killed run wrote them for steps
   that are done again now, so each step keeps one row, the one the checkpoints agree with.
@@ -22,15 +33,19 @@ class MetricWriter:
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
-    from t5lite.data.tf_setup import tf  # TensorBoard's event writer, loaded by the pipeline
-    self._tf = tf
     folder = paths.path(workdir)
-    self._summary = tf.summary.create_file_writer(str(folder / 'tensorboard'))
     path = folder / 'metrics.jsonl'
     if path.exists():
       drop_rows_after(path, start_step)
-    # TF's own file (epath's open is a context manager on gs://); there each flush re-uploads it
-    self._jsonl = tf.io.gfile.GFile(str(path), 'a')
+    events = folder / 'tensorboard'
+    events.mkdir(parents=True, exist_ok=True)
+    name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2'
+    # Held open for the run (epath's open is a context manager on gs://, where each flush
+    # uploads the file again)
+    self._files = contextlib.ExitStack()
+    self._jsonl = self._files.enter_context(path.open('a'))
+    self._events = record_writer.RecordWriter(self._files.enter_context((events / name).open('ab')))
+    self._write_event(event_pb2.Event(file_version='brain.Event:2'))
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
@@ -38,15 +53,18 @@ class MetricWriter:
     scalars = {name: float(value) for name, value in scalars.items()}
     self._jsonl.write(json.dumps({'step': step, **scalars}) + '\n')
     self._jsonl.flush()
-    with self._summary.as_default(step=step):
-      for name, value in scalars.items():
-        self._tf.summary.scalar(name, value)
-    self._summary.flush()
+    values = [summary_pb2.Summary.Value(tag=name, simple_value=value)
+              for name, value in scalars.items()]
+    self._write_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=values)))
+
+  def _write_event(self, event: event_pb2.Event) -> None:
+    event.wall_time = time.time()
+    self._events.write(event.SerializeToString())
+    self._events.flush()
 
   def close(self) -> None:
     if self.enabled:
-      self._jsonl.close()
-      self._summary.close()
+      self._files.close()
 
 
 def drop_rows_after(path: epath.Path, step: int) -> None:

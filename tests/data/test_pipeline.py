@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import noise
+from t5lite.data import batches
 from t5lite.data import pipeline
+from t5lite.objectives import span_corruption
 
 FEATURES = ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',
             'decoder_input_tokens', 'decoder_target_tokens', 'decoder_segment_ids',
@@ -37,7 +38,7 @@ def test_batches_are_what_the_model_reads(small_data):
   assert all(v.dtype == np.int32 for v in batch.values())
   assert batch['encoder_input_tokens'].shape == (8, 64)
   assert batch['decoder_target_tokens'].shape == (8, 16)
-  raw, targets_length = noise.random_spans_helper(64)
+  raw, targets_length = span_corruption.random_spans_helper(64)
   assert (batch['encoder_segment_ids'] == 1).all()  # span corruption fills the inputs exactly
   assert (batch['decoder_segment_ids'].sum(1) == targets_length).all()
   inside = batch['decoder_segment_ids'][:, 1:] > 0  # shifted right within the example
@@ -173,13 +174,13 @@ def test_tfds_name_not_prepared(tmp_path, small_data):
 def test_write_batches_and_show_examples(tmp_path, small_data):
   data = small_data()
   out = tmp_path / 'batches.npz'
-  pipeline.write_batches(data, 3, str(out))
+  batches.write_batches(data, 3, str(out))
   saved = np.load(out)
   assert set(saved.files) == set(FEATURES)
   assert saved['encoder_input_tokens'].shape == (3, 8, 64)
   np.testing.assert_array_equal(saved['decoder_target_tokens'][0],
                                 next(single(data))['decoder_target_tokens'])
-  text = pipeline.show_examples(data, 2)
+  text = batches.show_examples(data, 2)
   assert text.count('example ') == 2 and '<extra_id_0>' in text
 
 

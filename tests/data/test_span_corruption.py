@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from t5lite.data import noise
+from t5lite.objectives import span_corruption
 
 SENTINEL = 8099  # <extra_id_0> of the bundled 8,100-id vocabulary
 EOS = 1
@@ -25,7 +26,7 @@ def in_dataset(fn, *args):
 @pytest.mark.parametrize('inputs_length, raw, targets', [(512, 568, 114), (256, 284, 58),
                                                          (1024, 1137, 229), (128, 141, 29)])
 def test_random_spans_helper_matches_t5(inputs_length, raw, targets):
-  assert noise.random_spans_helper(inputs_length, 0.15, 3.0) == (raw, targets)
+  assert span_corruption.random_spans_helper(inputs_length, 0.15, 3.0) == (raw, targets)
 
 
 def test_noise_span_to_unique_sentinel_worked_example():
@@ -81,7 +82,7 @@ def corrupted(num_examples: int, length: int):
 
 
 def test_lengths_and_reconstruction():
-  raw, targets_length = noise.random_spans_helper(128)
+  raw, targets_length = span_corruption.random_spans_helper(128)
   for example in corrupted(20, raw):
     assert len(example['inputs']) == 128 and len(example['targets']) == targets_length
     assert example['inputs'][-1] == EOS and example['targets'][-1] == EOS

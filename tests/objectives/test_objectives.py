@@ -14,6 +14,7 @@ from t5lite import config as config_lib
 from t5lite import models
 from t5lite import objectives
 from t5lite.commands import plan
+from t5lite.data import batches
 from t5lite.data import noise
 from t5lite.data import packing
 from t5lite.data import pipeline
@@ -55,6 +56,16 @@ def test_batches_are_bit_identical_to_before(objective):
     for name in sorted(batch):
       digest.update(name.encode() + batch[name].tobytes())
   assert digest.hexdigest()[:24] == BATCHES[objective]
+
+
+@pytest.mark.parametrize('objective', sorted(LENGTHS))
+def test_synthetic_batches_have_the_pipelines_features(objective):
+  data = data_config(objective, batch_size=8).data
+  text = next(pipeline.make_pipeline(data, 'train', process_index=0, process_count=1))
+  data.source = batches.SYNTHETIC
+  synthetic = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
+  assert {k: (v.shape, v.dtype) for k, v in synthetic.items()} == {
+      k: (v.shape, v.dtype) for k, v in text.items()}
 
 
 @pytest.mark.parametrize('objective', sorted(LENGTHS))

@@ -1,0 +1,183 @@
+"""A config's batches, from whichever source: what training, evaluation and `t5lite data` read.
+
+  batches = make_batches(config.data, 'train', start=state)
+  batch = next(batches)   # {'encoder_input_tokens': int32[b, inputs_length], ...}
+  state = batches.state() # {'batch': k, ...}: where a resumed run starts
+
+`data.source='synthetic'` makes random tokens in the objective's exact features and shapes,
+here and without TensorFlow (as MaxText's synthetic dataset): to measure a step, or to try a
+config before its data is prepared. Every other source is text through the input pipeline
+(t5lite/data/pipeline.py), the one place TensorFlow is imported.
+
+Synthetic batch k is a function of (data.seed, split, k) alone, each row drawn from its own
+generator, so that the processes' batches together are the one-process batch. Within a row,
+every token is a random id past the special ones; a decoder reads its targets shifted right;
+segment ids and loss weights are 1 (one example fills the row); token types and a prefix LM's
+causal-attention mark split the row in half; a next-sentence label is a coin flip.
+"""
+
+import itertools
+import zlib
+
+import ml_collections
+import numpy as np
+
+from t5lite import objectives
+from t5lite import outputs
+from t5lite.data import vocabulary
+from t5lite.token_ids import PAD_ID, UNK_ID
+
+SYNTHETIC = 'synthetic'
+
+# Every model feature's name starts so (packing.py's converters): how an earlier `data --out`
+# is recognised.
+_FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_')
+
+
+def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
+                 process_index: int | None = None, process_count: int | None = None,
+                 start: int | dict | list = 0):
+  """Batches of `split` ('train' | 'validation' | 'all') for one process, from `start`: see
+  `pipeline.make_pipeline`, whose arguments these are. One ValueError line for what cannot work."""
+  if data.source != SYNTHETIC:
+    from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel
+    return pipeline.make_pipeline(data, split, process_index=process_index,
+                                  process_count=process_count, start=start)
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=import-outside-toplevel
+    process_index, process_count = jax.process_index(), jax.process_count()
+  share = process_share(data.batch_size, process_index, process_count)
+  objective = objectives.get(data.objective)
+  objective.raw_length(data)  # the lengths' own checks, as for text
+  return SyntheticBatches(objective.features(data),
+                          vocabulary.load_vocabulary(data.vocabulary).vocab_size,
+                          seed=(data.seed, zlib.crc32(split.encode())),
+                          rows=range(share.start, share.stop),
+                          batch_size=data.batch_size,
+                          batch=own_position(start, process_index)['batch'])
+
+
+class SyntheticBatches:
+  """Endless per-process batches of random tokens; see the module docstring."""
+
+  def __init__(self, features: dict[str, int | None], vocab_size: int, *, seed: tuple,
+               rows: range, batch_size: int, batch: int = 0):
+    self._features, self._vocab_size, self._seed = features, vocab_size, seed
+    self._rows, self._batch_size, self._batch = rows, batch_size, batch
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    first = self._batch * self._batch_size
+    rows = [self._row(np.random.default_rng([*self._seed, first + r])) for r in self._rows]
+    self._batch += 1
+    return {name: np.stack([row[name] for row in rows]) for name in self._features}
+
+  def _row(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    row = {}
+    for name, length in self._features.items():
+      if length is None:  # next_sentence_labels
+        row[name] = rng.integers(0, 2, dtype=np.int32)
+        continue
+      side, kind = name.split('_', 1)
+      positions = np.arange(length, dtype=np.int32)
+      if kind == 'input_tokens':
+        tokens = rng.integers(UNK_ID + 1, self._vocab_size, length, dtype=np.int32)
+        row[f'{side}_target_tokens'] = tokens
+        row[name] = np.concatenate([[PAD_ID], tokens[:-1]]) if side == 'decoder' else tokens
+      elif kind in ('segment_ids', 'loss_weights'):
+        row[name] = np.ones(length, np.int32)
+      elif kind == 'positions':
+        row[name] = positions
+      elif kind == 'token_types':
+        row[name] = (positions >= length // 2).astype(np.int32)
+      elif kind == 'causal_attention':
+        row[name] = (positions < length // 2).astype(np.int32)
+      elif kind != 'target_tokens':  # made with its inputs
+        raise ValueError(f'data.source={SYNTHETIC!r} cannot make the feature {name}')
+    return {name: row[name].astype(np.int32) for name in self._features}
+
+  def state(self) -> dict:
+    return {'batch': self._batch}
+
+  def close(self):
+    pass
+
+
+def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
+  """Rows of each global batch that one process feeds; one line if the processes cannot share it."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
+  if batch_size < 1 or batch_size % process_count:
+    raise ValueError(f'data.batch_size={batch_size} must be a positive multiple of the '
+                     f'{process_count} processes')
+  return batch_size // process_count
+
+
+def process_share(batch_size: int, process_index: int, process_count: int) -> slice:
+  """The rows of each global batch that one process feeds: 8 rows, process 1 of 2 -> [4:8]."""
+  rows = per_process_batch(batch_size, process_index, process_count)
+  return slice(process_index * rows, (process_index + 1) * rows)
+
+
+def own_position(start: int | dict | list, process_index: int) -> dict:
+  """This process's position to start from. Every batch iterator's `state()` is one JSON dict:
+  `batch`, the global batches consumed, plus its own cursor (a streamed source's block and row, a
+  task's epoch and row); a checkpoint saves one per process, as a list. A number is a batch."""
+  if isinstance(start, (list, tuple)):
+    start = start[process_index]
+  return {'batch': int(start)} if isinstance(start, (int, np.integer)) else dict(start)
+
+
+def _data_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config.data` of a run's config, or the data section itself."""
+  return config.data if 'data' in config else config
+
+
+def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str,
+                  overwrite: bool = False) -> None:
+  """Saves the first `num_batches` global training batches, exactly as the train step gets them.
+
+  np.savez with one array per feature, shaped [num_batches, batch_size, length], at `out_path`
+  exactly (numpy would append .npz to a name without it). What may be replaced, and how the
+  file is written whole or not at all: t5lite/outputs.py.
+  """
+  outputs.check_file(out_path, lambda path: outputs.is_npz_of(path, _FEATURE_PREFIXES),
+                     overwrite=overwrite)
+  batches = make_batches(_data_section(config), 'train', process_index=0, process_count=1)
+  first = [next(batches) for _ in range(num_batches)]
+  with outputs.writing(out_path) as temp, open(temp, 'wb') as f:
+    np.savez(f, **{name: np.stack([b[name] for b in first]) for name in first[0]})
+
+
+def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
+  """The first `k` training examples as text, masks and sentinels visible, as the model sees
+  them."""
+  data = _data_section(config)
+  vocab = vocabulary.load_vocabulary(data.vocabulary)
+  batches = make_batches(data, 'train', process_index=0, process_count=1)
+  return '\n'.join(
+      f'example {n} ({len(inputs)} input tokens, {len(targets)} target tokens)\n'
+      f'  inputs:  {vocab.decode(inputs)}\n  targets: {vocab.decode(targets)}'
+      for n, (inputs, targets) in enumerate(itertools.islice(_examples(batches), k)))
+
+
+def _examples(batches):
+  """(inputs, targets) tokens of each example of packed batches, in order.
+
+  Targets are the tokens with loss (MLM: the selected ones); inputs are what the model reads
+  besides: the encoder's tokens, or a decoder-only model's prefix (none for a causal LM).
+  """
+  for batch in batches:
+    side = 'encoder' if 'encoder_target_tokens' in batch else 'decoder'
+    targets, weights = batch[f'{side}_target_tokens'], batch[f'{side}_loss_weights']
+    segments = batch[f'{side}_segment_ids']
+    if 'encoder_input_tokens' in batch:
+      inputs, input_segments = batch['encoder_input_tokens'], batch['encoder_segment_ids']
+    else:
+      inputs, input_segments = targets, np.where(weights == 0, segments, 0)
+    for row in range(len(targets)):
+      for segment in range(1, segments[row].max() + 1):
+        yield (inputs[row][input_segments[row] == segment],
+               targets[row][(segments[row] == segment) & (weights[row] > 0)])
