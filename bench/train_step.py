@@ -1,7 +1,9 @@
 """Train-step speed of t5lite against Hugging Face's PyTorch T5, side by side in one process.
 
-Both frameworks train the same preset dimensions on the same synthetic batch with AdamW and
-global-norm clipping at 1.0 (the preset's clip). Their steps alternate (A B A B ...) and the
+Both frameworks train the same preset dimensions on the same synthetic batch (`data.source=
+synthetic`) with AdamW and global-norm clipping at 1.0 (the preset's clip). PyTorch runs twice:
+eager, as most HF users train (`hf_torch`), and at its fastest (`hf_torch_compile`):
+`torch.compile`, SDPA attention and fused AdamW. Their steps alternate (A B C A B C ...) and the
 medians are reported, so that load from other processes on a shared machine hits both alike;
 median process CPU seconds per step (`*_step_cpu_s`) are the steadier number on a busy machine.
 Both use every core: XLA's CPU client by default, torch by `set_num_threads`.
@@ -45,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
+from t5lite.data import batches as batches_lib  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
 from t5lite.train import run as run_lib  # noqa: E402
@@ -57,7 +60,7 @@ DEFAULTS = {
                 targets_length=114, steps=20, warmup=3),
 }
 LEARNING_RATE = 1e-4
-FRAMEWORKS = ('t5lite', 'hf_torch')
+FRAMEWORKS = ('t5lite', 'hf_torch', 'hf_torch_compile')
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,30 +81,22 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def run_config(name: str, args):
-  """The preset with the benchmark's batch, lengths and dtype, AdamW at a constant rate."""
+def run_config(name: str, args, **model):
+  """The preset with the benchmark's batch, lengths and dtype, AdamW at a constant rate, and
+  t5lite's `model` settings changed (e.g. scan_layers=True)."""
   config = config_lib.load(os.path.join(ROOT, 'configs', f'{name}.py'))
-  config.model.dtype = args.dtype
+  config.model.update(dtype=args.dtype, **model)
   config.data.update(batch_size=args.batch_size, inputs_length=args.inputs_length,
-                     targets_length=args.targets_length)
+                     targets_length=args.targets_length, source=batches_lib.SYNTHETIC)
   config.train.steps = args.warmup + args.steps
   config.optim.update(name='adamw', schedule='constant', learning_rate=LEARNING_RATE,
                       weight_decay=0.0)
   return config
 
 
-def synthetic_batch(vocab_size: int, args, seed: int = 0) -> dict:
-  """Random tokens with no padding (every position is real), shifted right as T5 feeds them."""
-  rng = np.random.default_rng(seed)
-  shape = (args.batch_size, args.targets_length)
-  targets = rng.integers(2, vocab_size, shape, dtype=np.int32)
-  return {
-      'encoder_input_tokens': rng.integers(
-          2, vocab_size, (args.batch_size, args.inputs_length), dtype=np.int32),
-      'decoder_input_tokens': np.pad(targets[:, :-1], ((0, 0), (1, 0))),  # start token 0
-      'decoder_target_tokens': targets,
-      'decoder_loss_weights': np.ones(shape, np.int32),
-  }
+def synthetic_batch(config) -> dict:
+  """The run's first synthetic batch: random tokens, no padding, shifted right as T5 feeds them."""
+  return next(batches_lib.make_batches(config.data, process_index=0, process_count=1))
 
 
 def t5lite_step(config, batch: dict):
@@ -126,7 +121,7 @@ def t5lite_step(config, batch: dict):
   return step, {'compile_s': compile_s, 'xla_memory_mib': mib(xla_bytes)}
 
 
-def hf_config(model_cfg) -> transformers.T5Config:
+def hf_config(model_cfg, attention: str = 'eager') -> transformers.T5Config:
   """The Hugging Face T5Config of a t5lite T5 preset (same dims, activation and tying)."""
   return transformers.T5Config(
       vocab_size=model_cfg.vocab_size, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
@@ -136,16 +131,20 @@ def hf_config(model_cfg) -> transformers.T5Config:
       relative_attention_max_distance=model_cfg.relative_max_distance,
       dropout_rate=model_cfg.dropout, layer_norm_epsilon=model_cfg.norm_eps,
       feed_forward_proj=model_cfg.activation, tie_word_embeddings=model_cfg.tie_embeddings,
-      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, attn_implementation=attention)
 
 
-def torch_step(config, batch: dict, device: str):
-  """(step, info): `step()` runs forward, backward, clipping and AdamW, as eager HF users do."""
+def torch_step(config, batch: dict, device: str, *, fastest: bool = False):
+  """(step, info): `step()` runs forward, backward, clipping and AdamW, as eager HF users do, or
+  `fastest`: the model under torch.compile, SDPA attention, fused AdamW (compiled at the first
+  steps, which the benchmark's warmup leaves out)."""
   torch.manual_seed(config.train.seed)
-  model = transformers.T5ForConditionalGeneration(hf_config(config_lib.model_config(config)))
+  model = transformers.T5ForConditionalGeneration(hf_config(
+      config_lib.model_config(config), attention='sdpa' if fastest else 'eager'))
   model.to(device).train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999),
-                                eps=1e-8, weight_decay=0.0)
+                                eps=1e-8, weight_decay=0.0, fused=fastest)
+  forward = torch.compile(model) if fastest else model
   tensors = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in batch.items()}
   labels = tensors['decoder_target_tokens'].masked_fill(
       tensors['decoder_loss_weights'] == 0, -100)
@@ -155,15 +154,15 @@ def torch_step(config, batch: dict, device: str):
   def step() -> float:
     optimizer.zero_grad(set_to_none=True)
     with autocast:
-      loss = model(input_ids=tensors['encoder_input_tokens'],
-                   attention_mask=tensors['encoder_input_tokens'] != 0,
-                   decoder_input_ids=tensors['decoder_input_tokens'], labels=labels).loss
+      loss = forward(input_ids=tensors['encoder_input_tokens'],
+                     attention_mask=tensors['encoder_input_tokens'] != 0,
+                     decoder_input_ids=tensors['decoder_input_tokens'], labels=labels).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     return loss.item()  # waits for the step (CUDA too)
 
-  return step, {}
+  return step, {'attention': model.config._attn_implementation}  # pylint: disable=protected-access
 
 
 def torch_device() -> str | None:
@@ -219,9 +218,10 @@ def rss_kib(field: str) -> int:
 def probe_memory(name: str, args) -> dict:
   """In this (child) process: resident memory while `args.probe`'s framework trains `name`."""
   config = run_config(name, args)
-  batch = synthetic_batch(config.model.vocab_size, args)
+  batch = synthetic_batch(config)
   imports_kib = rss_kib('VmRSS')
-  build = t5lite_step if args.probe == 't5lite' else lambda c, b: torch_step(c, b, 'cpu')
+  build = t5lite_step if args.probe == 't5lite' else lambda c, b: torch_step(
+      c, b, 'cpu', fastest=args.probe == 'hf_torch_compile')
   step, _ = build(config, batch)
   with open('/proc/self/clear_refs', 'w', encoding='ascii') as f:
     f.write('5')  # reset VmHWM: count the steps, not the compiler
@@ -251,16 +251,18 @@ def gpu_peak_memory(framework: str) -> dict:
   return {'peak_device_memory_mib': mib(peak)}
 
 
-def compare(name: str, args, cache_dir: str, sample_peak) -> dict:
+def compare(name: str, args, cache_dir: str, sample_peak, **model) -> dict:
   """One row (MFU still to add): both frameworks on preset `name`, timed in alternation."""
-  config = run_config(name, args)
+  config = run_config(name, args, **model)
   model_cfg = config_lib.model_config(config)
-  batch = synthetic_batch(model_cfg.vocab_size, args)
+  batch = synthetic_batch(config)
   steps, info = {}, {}
   steps['t5lite'], info['t5lite'] = t5lite_step(config, batch)
   device = torch_device()
   if device:
-    steps['hf_torch'], info['hf_torch'] = torch_step(config, batch, device)
+    for framework in FRAMEWORKS[1:]:
+      steps[framework], info[framework] = torch_step(
+          config, batch, device, fastest=framework == 'hf_torch_compile')
   times = interleaved_times(steps, args.warmup, args.steps, sample_peak)
   tokens = args.batch_size * (args.inputs_length + args.targets_length)
   row = {'bench': 'train_step', 'model': name, 'dtype': args.dtype,
@@ -277,10 +279,12 @@ def compare(name: str, args, cache_dir: str, sample_peak) -> dict:
     memory = (gpu_peak_memory(framework) if jax.default_backend() == 'gpu'
               else cpu_peak_memory(name, args, framework, cache_dir))
     row.update({f'{framework}_{k}': v for k, v in memory.items()})
-  if 'hf_torch' in times:
-    row['speedup'] = round(row['hf_torch_step_s'] / row['t5lite_step_s'], 3)  # >1: t5lite faster
-  if 'hf_torch' in times and jax.default_backend() == 'cpu':  # on GPU it is host time only
-    row['speedup_cpu'] = round(row['hf_torch_step_cpu_s'] / row['t5lite_step_cpu_s'], 3)
+  for framework, suffix in (('hf_torch', ''), ('hf_torch_compile', '_vs_compiled')):
+    if framework in times:  # >1: t5lite faster
+      row[f'speedup{suffix}'] = round(row[f'{framework}_step_s'] / row['t5lite_step_s'], 3)
+      if jax.default_backend() == 'cpu':  # on GPU it is host time only
+        row[f'speedup_cpu{suffix}'] = round(
+            row[f'{framework}_step_cpu_s'] / row['t5lite_step_cpu_s'], 3)
   row['train_flops_per_step'] = flops_lib.train_flops_per_step(
       model_cfg, args.inputs_length, args.targets_length, batch_size=args.batch_size)
   return row
