@@ -7,6 +7,7 @@ import sys
 
 import jax
 import ml_collections
+from flax import nnx
 
 from t5lite import config as config_lib
 from t5lite import outputs
@@ -96,7 +97,7 @@ def _parts_absent(params: dict, imported: ModelConfig, run: run_lib.Run, hf_dir:
   lack; refuses overrides that reshape what they hold (ELECTRA's generator_size may shape the
   generator that an ELECTRA discriminator's folder lacks)."""
   stacks = models.family(run.model_cfg.arch).stacks
-  expected = dict(flatten(run.spec.abstract.params.to_pure_dict()))
+  expected = dict(flatten(nnx.to_pure_dict(run.spec.abstract.params)))
   given = dict(flatten(params))
   for path, value in given.items():
     shape = expected[path].shape if path in expected else None

@@ -70,7 +70,7 @@ def export_hf(params: nnx.State | Params, cfg: ModelConfig, out_dir: str) -> Non
   any model of the run written beside it into its subfolder."""
   models = hf_models(cfg)
   if isinstance(params, nnx.State):
-    params = params.to_pure_dict()
+    params = nnx.to_pure_dict(params)
   if cfg.scan_layers:
     params = unstack_layers(params)
   flat = dict(flatten(params))
@@ -175,7 +175,7 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
   cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
-  shapes = dict(flatten(nnx.state(abstract, nnx.Param).to_pure_dict()))
+  shapes = dict(flatten(nnx.to_pure_dict(nnx.state(abstract, nnx.Param))))
   flat = {}
   for hf, where, _, tensors in loaded:
     for path, value in _read_table(hf, cfg, where, tensors, shapes).items():

@@ -34,13 +34,13 @@ def logical_axes(model: nnx.Module) -> nnx.State:
 
 def get_params(model: nnx.Module) -> Params:
   """The model's parameters as a nested dict of arrays (integer keys index unrolled layers)."""
-  return nnx.state(model, nnx.Param).to_pure_dict()
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def load_params(model: nnx.Module, params: Mapping[str, Any]) -> None:
   """Writes `params` (the structure `get_params` gives) into `model`, cast to its param dtype."""
   state = nnx.state(model, nnx.Param)
-  expected, given = dict(flatten(state.to_pure_dict())), dict(flatten(params))
+  expected, given = dict(flatten(nnx.to_pure_dict(state))), dict(flatten(params))
   if expected.keys() != given.keys():
     missing = sorted('/'.join(map(str, k)) for k in expected.keys() - given.keys())
     extra = sorted('/'.join(map(str, k)) for k in given.keys() - expected.keys())
@@ -51,7 +51,7 @@ def load_params(model: nnx.Module, params: Mapping[str, Any]) -> None:
       raise ValueError(f'param {"/".join(map(str, path))} has shape {jnp.shape(given[path])}, '
                        f'the model has {ref.shape}')
   nnx.replace_by_pure_dict(state, jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
-                                               dict(params), state.to_pure_dict()))
+                                               dict(params), nnx.to_pure_dict(state)))
   nnx.update(model, state)
 
 

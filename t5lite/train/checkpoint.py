@@ -12,6 +12,7 @@ import dataclasses
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from flax import nnx
 
 from t5lite import paths
 from t5lite.models.config import ModelConfig
@@ -135,7 +136,7 @@ class Checkpointer:
       return {'/'.join(str(key) for key in path if key != 'value'): tuple(leaf.shape)
               for path, leaf in flatten(tree)}
 
-    saved, ours = shapes(saved), shapes(abstract_params.to_pure_dict())
+    saved, ours = shapes(saved), shapes(nnx.to_pure_dict(abstract_params))
     if saved != ours:
       path = sorted(saved.keys() ^ ours.keys() or
                     {path for path in ours if saved[path] != ours[path]})[0]

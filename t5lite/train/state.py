@@ -90,7 +90,7 @@ def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params
   if isinstance(params, dict):
     arrays = params
     complete = (dict(flatten(arrays)).keys()
-                == dict(flatten(spec.abstract.params.to_pure_dict())).keys())
+                == dict(flatten(nnx.to_pure_dict(spec.abstract.params))).keys())
     params = jax.tree.map(lambda leaf: leaf, (spec.abstract if complete else spec.init()).params)
     nnx.replace_by_pure_dict(params, arrays)
   params = jax.device_put(params, spec.shardings.params)

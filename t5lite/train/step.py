@@ -61,7 +61,7 @@ def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.Grad
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = loss.metrics(sums)
-    metrics['grad_norm'] = optax.global_norm(grads)
+    metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['learning_rate'] = schedule(state.step)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
