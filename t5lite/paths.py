@@ -5,6 +5,7 @@ through TensorFlow's filesystems. `os.path` never sees a URI: `gs://b/run` made 
 `./gs:/b/run` on local disk.
 """
 
+import importlib
 import os
 
 from etils import epath
@@ -19,6 +20,9 @@ def path(name: str | os.PathLike) -> epath.Path:
   """`name` as an epath.Path: a local path absolute and with links resolved (one name per
   place, and orbax needs absolute paths), a URI as given less a trailing '/'."""
   if is_uri(name):
+    # TensorFlow's filesystems serve the URI: loaded as the pipeline loads it (quiet, off the
+    # accelerators); only a run with a remote path imports it for this
+    importlib.import_module('t5lite.data.tf_setup')
     return epath.Path(os.fspath(name).rstrip('/'))
   return epath.Path(os.path.realpath(name))
 
