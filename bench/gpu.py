@@ -26,15 +26,15 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')  # leave torch its share
+# bench/train_step.py: the preset setup, the timed step and the PyTorch side; importing it first
+# sets the environment both frameworks run in (JAX leaves GPU memory to torch) and puts the
+# repository on the path
+import train_step  # pylint: disable=wrong-import-order
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
 from t5lite.data import batches as batches_lib  # noqa: E402
@@ -61,12 +61,13 @@ CPU_SWEEP = {'t5_tiny': {'batch_size': 8, 'variants': [{}, {'model.scan_layers':
 
 def preset(name: str, *, dtype: str, batch_size: int, inputs_length: int, targets_length: int,
            **overrides):
-  """A preset on synthetic batches at the given shapes, AdamW at a constant rate, no dropout."""
-  config = config_lib.load(os.path.join(ROOT, 'configs', f'{name}.py'))
-  config.model.update(dtype=dtype, dropout=0.0)
-  config.data.update(source=batches_lib.SYNTHETIC, batch_size=batch_size,
-                     inputs_length=inputs_length, targets_length=targets_length)
-  config.optim.update(name='adamw', schedule='constant', learning_rate=1e-3, weight_decay=0.0)
+  """bench/train_step.py's setup of a preset (synthetic batches at the given shapes, AdamW at a
+  constant rate), without dropout, at a rate that memorises a batch in 50 steps, and with
+  `overrides` ({'model.scan_layers': True, ...})."""
+  shape = argparse.Namespace(dtype=dtype, batch_size=batch_size, inputs_length=inputs_length,
+                             targets_length=targets_length, warmup=0, steps=1)
+  config = train_step.run_config(name, shape, dropout=0.0)
+  config.optim.learning_rate = 1e-3
   for key, value in overrides.items():
     section, field = key.split('.')
     config[section][field] = value
@@ -112,7 +113,8 @@ def check_bfloat16_tracks_float32() -> tuple[dict, object]:
   losses, runs = {}, {}
   for dtype in ('float32', 'bfloat16'):
     config = preset('t5_tiny', dtype=dtype, batch_size=8, inputs_length=64, targets_length=16)
-    losses[dtype], runs[dtype] = train(config, first_batches(config, 1) * 50, jax.devices()[0])
+    batches = [train_step.synthetic_batch(config)] * 50
+    losses[dtype], runs[dtype] = train(config, batches, jax.devices()[0])
   f32, bf16 = losses['float32'], losses['bfloat16']
   mean_difference = abs(np.mean(bf16) - np.mean(f32)) / np.mean(f32)
   last_difference = abs(bf16[-1] - f32[-1]) / f32[-1]
@@ -168,7 +170,7 @@ def check_greedy_equals_transformers(run, params) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   from t5lite.export import hf  # pylint: disable=import-outside-toplevel
-  inputs = first_batches(run.config, 1)[0]['encoder_input_tokens'][:4]
+  inputs = train_step.synthetic_batch(run.config)['encoder_input_tokens'][:4]
   with run.sharding(), jax.default_matmul_precision('highest'):
     ours = np.asarray(decoding.generate(run.model(params), jnp.asarray(inputs),
                                         max_decode_length=16))
@@ -195,42 +197,25 @@ def correctness() -> list[dict]:
 
 
 def measure(config, steps: int, warmup: int) -> dict:
-  """One variant: compile, then `steps` timed steps after `warmup`, one device."""
-  run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]))
-  batch = first_batches(config, 1)[0]
-  with run.sharding():
-    state = run.spec.init()
-    device_batch = jax.device_put(batch, run.batch_sharding)
-    start = time.perf_counter()
-    compiled = run.jit_train_step(run.loss()).lower(state, device_batch, None).compile()
-    compile_s = time.perf_counter() - start
-    seconds = []
-    for i in range(warmup + steps):
-      start = time.perf_counter()
-      state, metrics = compiled(state, device_batch, None)
-      loss = float(metrics['loss'])  # waits for the step
-      if i >= warmup:
-        seconds.append(time.perf_counter() - start)
-  data, cfg = config.data, run.model_cfg
-  step_s = statistics.median(seconds)
+  """One variant on one device: bench/train_step.py's compiled step, `steps` timed after
+  `warmup`."""
+  step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config))
+  seconds = train_step.interleaved_times({'t5lite': step}, warmup, steps)['t5lite'][0]
+  data, step_s = config.data, statistics.median(seconds)
   peak, peak_name = flops_lib.peak_flops_per_device(jax.devices()[0])
-  flops = flops_lib.train_flops_per_step(cfg, data.inputs_length, data.targets_length,
-                                         batch_size=data.batch_size)
-  memory = compiled.memory_analysis()
+  flops = flops_lib.train_flops_per_step(config_lib.model_config(config), data.inputs_length,
+                                         data.targets_length, batch_size=data.batch_size)
   stats = jax.devices()[0].memory_stats() or {}
   return {'step_s': round(step_s, 4), 'step_s_min': round(min(seconds), 4),
           'tokens_per_s': round(data.batch_size * (data.inputs_length + data.targets_length)
                                 / step_s, 1),
           'mfu': round(flops / step_s / peak, 4), 'peak_flops': peak, 'peak_source': peak_name,
-          'compile_s': round(compile_s, 2), 'loss': loss,
-          'xla_memory_gib': None if memory is None else round(
-              (memory.argument_size_in_bytes + memory.output_size_in_bytes
-               - memory.alias_size_in_bytes + memory.temp_size_in_bytes) / 2**30, 2),
+          'compile_s': round(info['compile_s'], 2), 'xla_memory_mib': info['xla_memory_mib'],
           'peak_memory_gib': round(stats['peak_bytes_in_use'] / 2**30, 2)
                              if 'peak_bytes_in_use' in stats else None}
 
 
-def shapes(args) -> dict:
+def shapes() -> dict:
   gpu = jax.default_backend() == 'gpu'
   return dict(dtype='bfloat16' if gpu else 'float32', inputs_length=512 if gpu else 64,
               targets_length=114 if gpu else 16)
@@ -245,7 +230,7 @@ def speed(args) -> list[dict]:
       if time.monotonic() > deadline:
         rows.append({**row, 'skipped': f'past --speed_budget_s={args.speed_budget_s}'})
         continue
-      config = preset(name, batch_size=plan['batch_size'], **shapes(args),
+      config = preset(name, batch_size=plan['batch_size'], **shapes(),
                       **{'model.scan_layers': True, 'model.attention': attention(), **change})
       try:
         rows.append({**row, 'batch_size': config.data.batch_size, **measure(
@@ -262,13 +247,12 @@ def attention() -> str:
 
 def side_by_side(args) -> list[dict]:
   """The first preset's baseline beside PyTorch's, via bench/train_step.py's comparison."""
-  import train_step  # pylint: disable=import-outside-toplevel
   name, plan = next(iter((SWEEP if jax.default_backend() == 'gpu' else CPU_SWEEP).items()))
   step_args = train_step.parse_args([
       '--models', name, '--steps', str(args.steps), '--warmup', str(args.warmup),
       '--batch_size', str(plan['batch_size']), '--inputs_length',
-      str(shapes(args)['inputs_length']), '--targets_length', str(shapes(args)['targets_length']),
-      '--dtype', shapes(args)['dtype']])
+      str(shapes()['inputs_length']), '--targets_length', str(shapes()['targets_length']),
+      '--dtype', shapes()['dtype']])
   with tempfile.TemporaryDirectory() as cache:
     peak, sample = train_step.peak_sampler()
     row = train_step.compare(name, step_args, cache, sample, scan_layers=True,

@@ -39,8 +39,9 @@ def base_config() -> ml_collections.ConfigDict:
 def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()
-  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0)
-  data.source = 'bundled'  # bundled | files or globs | tfds:NAME | synthetic (random tokens)
+  # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0) | synthetic (random
+  # tokens in the objective's features: t5lite/data/batches.py)
+  data.source = 'bundled'
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)

@@ -38,14 +38,15 @@ def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
                  process_index: int | None = None, process_count: int | None = None,
                  start: int | dict | list = 0):
   """Batches of `split` ('train' | 'validation' | 'all') for one process, from `start`: see
-  `pipeline.make_pipeline`, whose arguments these are. One ValueError line for what cannot work."""
+  `pipeline.make_pipeline`, whose arguments these are; process index and count default to JAX's.
+  One ValueError line for what cannot work."""
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=import-outside-toplevel  # only to ask who we are
+    process_index, process_count = jax.process_index(), jax.process_count()
   if data.source != SYNTHETIC:
     from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel
     return pipeline.make_pipeline(data, split, process_index=process_index,
                                   process_count=process_count, start=start)
-  if process_index is None or process_count is None:
-    import jax  # pylint: disable=import-outside-toplevel
-    process_index, process_count = jax.process_index(), jax.process_count()
   share = process_share(data.batch_size, process_index, process_count)
   objective = objectives.get(data.objective)
   objective.raw_length(data)  # the lengths' own checks, as for text
@@ -85,7 +86,8 @@ class SyntheticBatches:
       if kind == 'input_tokens':
         tokens = rng.integers(UNK_ID + 1, self._vocab_size, length, dtype=np.int32)
         row[f'{side}_target_tokens'] = tokens
-        row[name] = np.concatenate([[PAD_ID], tokens[:-1]]) if side == 'decoder' else tokens
+        row[name] = (np.concatenate([np.full(1, PAD_ID, np.int32), tokens[:-1]])
+                     if side == 'decoder' else tokens)
       elif kind in ('segment_ids', 'loss_weights'):
         row[name] = np.ones(length, np.int32)
       elif kind == 'positions':
@@ -96,7 +98,7 @@ class SyntheticBatches:
         row[name] = (positions < length // 2).astype(np.int32)
       elif kind != 'target_tokens':  # made with its inputs
         raise ValueError(f'data.source={SYNTHETIC!r} cannot make the feature {name}')
-    return {name: row[name].astype(np.int32) for name in self._features}
+    return {name: row[name] for name in self._features}
 
   def state(self) -> dict:
     return {'batch': self._batch}

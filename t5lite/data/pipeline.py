@@ -90,17 +90,15 @@ def _close_open_pipelines():
 
 
 def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *,
-                  process_index: int | None = None, process_count: int | None = None,
+                  process_index: int, process_count: int,
                   start: int | dict | list = 0) -> Pipeline:
-  """Batches of `split` ('train' | 'validation' | 'all') for one process, from `start`.
+  """Batches of `split` ('train' | 'validation' | 'all') for process `process_index` of
+  `process_count`, from `start` (runs reach it through `batches.make_batches`).
 
   `start` is a number of global batches already consumed, or a `state()` (for streamed
-  sources, this process's state or the list of all processes' states). Process index and count
-  default to JAX's. Raises ValueError with one line for anything in `data` that cannot work.
+  sources, this process's state or the list of all processes' states). Raises ValueError with
+  one line for anything in `data` that cannot work.
   """
-  if process_index is None or process_count is None:
-    import jax  # only to ask who we are; the pipeline itself never touches JAX
-    process_index, process_count = jax.process_index(), jax.process_count()
   per_process = batches_lib.per_process_batch(data.batch_size, process_index, process_count)
   objective = objectives.get(data.objective)
   raw_length = objective.raw_length(data)
