@@ -1,29 +1,50 @@
-"""One command on a bare GPU machine: is t5lite correct there, how fast is it, and against what.
+"""One command on a bare GPU machine: is t5lite correct there, how fast, against what, and where
+its step goes.
 
-  python bench/gpu.py --out=$OUT                       # all three parts, in under 8 minutes
-  python bench/gpu.py --parts=correctness              # seconds; what CI runs, on CPU
+  python bench/gpu.py --out=$OUT                     # every job, within --budget_s seconds
+  python bench/gpu.py --out=$OUT --jobs=correctness,speed:t5_1_1_large   # those (by prefix)
+  python bench/gpu.py --list                         # the jobs in order, with their timeouts
 
-Every check and measurement is one JSON line on stdout (and in --out/gpu.jsonl):
-- correctness: 5 float32 steps of t5_tiny on the default device equal the same steps on the CPU
-  backend (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's over
-  50 steps (memorising one batch, so that the loss moves); the attention kernels (`einsum`, the
-  reference, `xla`, and `cudnn` where there is a GPU) agree with T5's relative bias and packed
-  segment masks, forward and gradients; greedy decoding equals `transformers`' generate;
-- speed: t5_1_1_base and t5_1_1_large in bfloat16 at 512/114 on synthetic batches, one setting
-  changed at a time from a baseline (batch size, remat policy, scanned layers, attention kernel,
-  loss_chunks): tokens/s, MFU by t5lite/train/flops.py against the device's peak, XLA's memory
-  estimate, the allocator's peak, compile time;
-- hf: the baseline beside Hugging Face's PyTorch T5, eager and compiled (bench/train_step.py),
-  same shapes and batch, steps alternating.
-On CPU, --parts=speed,hf run t5_tiny at small shapes (a smoke test of the code, not a figure).
+Each job runs in a child process of its own, with its own timeout, and appends its JSON lines to
+--out/gpu.jsonl as it goes (and prints them; children's stderr goes to --out/jobs.log): a crash,
+a hang or an out-of-memory costs that job one row with its error, not the call. The children
+share a persistent compilation cache. The jobs, in order:
+- correctness: 5 float32 t5_tiny steps on the default device equal the same steps on the CPU
+  backend (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's
+  over 50 steps memorising one batch; greedy decoding equals `transformers`' generate (on CUDA);
+- attention: each kernel (`xla`; on a GPU also bfloat16 `xla` and `cudnn`) against `einsum`,
+  with T5's relative bias, two packed segments and padding, forward and the four gradients;
+- profile: the first preset's baseline step traced with `jax.profiler` beside XLA's HLO dump:
+  device time by instruction, source line and kind (bench/step_profile.py), both archived;
+- hf: the first preset's baseline beside Hugging Face's T5, eager and compiled (SDPA, fused
+  AdamW), steps alternating in one process (bench/train_step.py);
+- speed:MODEL:CHANGE: each preset's baseline (bfloat16, 512/114, unrolled layers, no remat,
+  `xla` attention) and one setting changed at a time (a config field, or XLA flags): tokens/s,
+  MFU by t5lite/train/flops.py against the device's peak, XLA's memory estimate, the
+  allocator's peak, compile time;
+- resume: `t5lite train` on synthetic batches with checkpoints, once through and once SIGKILLed
+  and resumed; every step's loss compared bit for bit (those before the checkpoint it resumed
+  from compare two runs of one config, those after compare resuming);
+- plan: `t5lite plan` for this machine (e.g. 1xH200, compiled on it) against the allocator's
+  peak that the resume job's run logged.
+On CPU the same jobs run on t5_tiny at tiny shapes (tests/bench/test_gpu.py): every path is
+tested there, and no figure means anything.
 """
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
 import time
 
 # bench/train_step.py: the preset setup, the timed step and the PyTorch side; importing it first
@@ -36,7 +57,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import step_profile  # noqa: E402
 from t5lite import config as config_lib  # noqa: E402
+from t5lite.commands import plan as plan_lib  # noqa: E402
 from t5lite.data import batches as batches_lib  # noqa: E402
 from t5lite.models import attention as attention_lib  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
@@ -46,38 +69,74 @@ from t5lite.train import mesh as mesh_lib  # noqa: E402
 from t5lite.train import run as run_lib  # noqa: E402
 
 ONE_DEVICE = {'data': 1, 'fsdp': 1, 'tensor': 1}
-PARTS = ('correctness', 'speed', 'hf')
-# One setting changed at a time from each preset's baseline (bf16, 512/114, scanned, cuDNN).
-SWEEP = {
-    't5_1_1_base': {'batch_size': 128, 'variants': [
-        {}, {'data.batch_size': 64}, {'data.batch_size': 256}, {'model.remat_policy': 'full'},
-        {'model.scan_layers': False}, {'model.attention': 'xla'}, {'train.loss_chunks': 4}]},
-    't5_1_1_large': {'batch_size': 64, 'variants': [
-        {}, {'data.batch_size': 128}, {'model.remat_policy': 'save_dots'},
-        {'model.attention': 'xla'}]},
+# XLA flag sets a speed job may run under: cuBLAS for every GEMM; and what MaxText sets for GPUs
+# (its collective ones do nothing on one GPU).
+XLA_FLAGS = {
+    'no_triton_gemm': '--xla_gpu_enable_triton_gemm=false',
+    'maxtext': ('--xla_gpu_enable_latency_hiding_scheduler=true '
+                '--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_command_buffer= '
+                '--xla_gpu_enable_highest_priority_async_stream=true '
+                '--xla_gpu_enable_while_loop_double_buffering=true'),
 }
-CPU_SWEEP = {'t5_tiny': {'batch_size': 8, 'variants': [{}, {'model.scan_layers': False}]}}
+# Each preset's baseline batch, then one change at a time from its baseline; 'xla' names a flag
+# set of XLA_FLAGS for the job's process instead of a config field. On CPU, t5_tiny runs the
+# first preset's changes at a 32nd of the batch.
+SWEEP = {
+    't5_1_1_base': (128, [
+        {}, {'model.attention': 'cudnn'}, {'model.scan_layers': True}, {'data.batch_size': 256},
+        {'xla': 'no_triton_gemm'}, {'xla': 'maxtext'}, {'model.remat_policy': 'save_dots'},
+        {'train.loss_chunks': 4}, {'data.batch_size': 64}]),
+    't5_1_1_large': (64, [
+        {}, {'model.attention': 'cudnn'}, {'data.batch_size': 128},
+        {'model.remat_policy': 'save_dots'}]),
+}
+CPU_MODEL, CPU_BATCH_DIVISOR = 't5_tiny', 32
+CPU_MODEL_FIELDS = {'num_encoder_layers': 2, 'num_decoder_layers': 2}  # half the compile
+# Seconds a job may take on a GPU (compiles included); on CPU each gets CPU_TIMEOUT_S.
+TIMEOUT_S = {'correctness': 150, 'attention': 90, 'profile': 150, 'hf': 180, 'speed': 120,
+             'resume': 300, 'plan': 150}
+CPU_TIMEOUT_S = 600
+# The resume job's run: steps and checkpoint interval.
+RESUME = {'gpu': (40, 10), 'cpu': (8, 2)}
+STEP_LINE = re.compile(r'step (\d+)/')
+
+
+def on_gpu() -> bool:
+  return jax.default_backend() == 'gpu'
 
 
 def preset(name: str, *, dtype: str, batch_size: int, inputs_length: int, targets_length: int,
-           **overrides):
+           learning_rate: float = train_step.LEARNING_RATE, **overrides):
   """bench/train_step.py's setup of a preset (synthetic batches at the given shapes, AdamW at a
-  constant rate), without dropout, at a rate that memorises a batch in 50 steps, and with
+  constant rate, the same step as its side by side compiles), without dropout, and with
   `overrides` ({'model.scan_layers': True, ...})."""
   shape = argparse.Namespace(dtype=dtype, batch_size=batch_size, inputs_length=inputs_length,
                              targets_length=targets_length, warmup=0, steps=1)
   config = train_step.run_config(name, shape, dropout=0.0)
-  config.optim.learning_rate = 1e-3
+  config.optim.learning_rate = learning_rate
   for key, value in overrides.items():
     section, field = key.split('.')
     config[section][field] = value
   return config
 
 
+def shapes() -> dict:
+  gpu = on_gpu()
+  return dict(dtype='bfloat16' if gpu else 'float32', inputs_length=512 if gpu else 32,
+              targets_length=114 if gpu else 8)
+
+
+def model_fields() -> dict:
+  """Model settings of the speed, profile, hf and resume jobs besides the preset's."""
+  return {} if on_gpu() else CPU_MODEL_FIELDS
+
+
 def first_batches(config, count: int) -> list[dict]:
   stream = batches_lib.make_batches(config.data, process_index=0, process_count=1)
   return [next(stream) for _ in range(count)]
 
+
+# ---- correctness and attention -----------------------------------------------------------------
 
 def train(config, batches: list[dict], device) -> tuple[list[float], object]:
   """Losses of one train step per batch on `device` alone, and the last parameters."""
@@ -97,8 +156,14 @@ def relative_difference(a, b) -> float:
   return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
 
 
+def memorising(dtype: str):
+  """t5_tiny at a rate that memorises one batch in 50 steps, so that losses move."""
+  return preset('t5_tiny', dtype=dtype, batch_size=8, inputs_length=64, targets_length=16,
+                learning_rate=1e-3)
+
+
 def check_device_equals_cpu() -> dict:
-  config = preset('t5_tiny', dtype='float32', batch_size=8, inputs_length=64, targets_length=16)
+  config = memorising('float32')
   batches = first_batches(config, 5)
   with jax.default_matmul_precision('highest'):
     device, _ = train(config, batches, jax.devices()[0])
@@ -112,7 +177,7 @@ def check_bfloat16_tracks_float32() -> tuple[dict, object]:
   """50 steps on one batch in both dtypes; returns the float32 run too, for decoding."""
   losses, runs = {}, {}
   for dtype in ('float32', 'bfloat16'):
-    config = preset('t5_tiny', dtype=dtype, batch_size=8, inputs_length=64, targets_length=16)
+    config = memorising(dtype)
     batches = [train_step.synthetic_batch(config)] * 50
     losses[dtype], runs[dtype] = train(config, batches, jax.devices()[0])
   f32, bf16 = losses['float32'], losses['bfloat16']
@@ -126,10 +191,40 @@ def check_bfloat16_tracks_float32() -> tuple[dict, object]:
   return row, runs['float32']
 
 
-def check_attention_kernels() -> dict:
-  """Every kernel against `einsum` with T5's bias and two packed examples plus padding."""
-  cfg = config_lib.model_config(preset('t5_tiny', dtype='float32', batch_size=2,
-                                       inputs_length=64, targets_length=16))
+def check_greedy_equals_transformers(run, params) -> dict:
+  """Greedy decoding of the memorising float32 model, t5lite's against transformers'."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from t5lite.export import hf  # pylint: disable=import-outside-toplevel
+  inputs = train_step.synthetic_batch(run.config)['encoder_input_tokens'][:4]
+  with run.sharding(), jax.default_matmul_precision('highest'):
+    ours = np.asarray(decoding.generate(run.model(params), jnp.asarray(inputs),
+                                        max_decode_length=16))
+  device = 'cuda' if on_gpu() and torch.cuda.is_available() else 'cpu'
+  torch.backends.cuda.matmul.allow_tf32 = False
+  with tempfile.TemporaryDirectory() as folder:
+    hf.export_hf(params, run.model_cfg, folder)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).to(device).eval()
+  ids = torch.as_tensor(inputs, dtype=torch.long, device=device)
+  with torch.no_grad():
+    theirs = model.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
+                            num_beams=1, max_new_tokens=16).cpu().numpy()[:, 1:]
+  theirs = np.pad(theirs, ((0, 0), (0, 16 - theirs.shape[1])))
+  eos = theirs == decoding.EOS_ID  # transformers pads after EOS with pad, we with pad too
+  return {'check': 'greedy_equals_transformers', 'torch_device': device,
+          'tokens_equal': int((ours == theirs).sum()), 'tokens': int(ours.size),
+          'sequences_with_eos': int(eos.any(1).sum()), 'pass': bool((ours == theirs).all())}
+
+
+def correctness() -> list[dict]:
+  bfloat16, (run, params) = check_bfloat16_tracks_float32()
+  return [check_device_equals_cpu(), bfloat16, check_greedy_equals_transformers(run, params)]
+
+
+def check_attention_kernels() -> list[dict]:
+  """Every kernel against `einsum` with T5's bias and two packed examples plus padding; a kernel
+  that fails to compile or run is a row with its error, the others still compared."""
+  cfg = config_lib.model_config(memorising('float32'))
   length, heads, d = 64, cfg.num_heads, cfg.d_kv
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, cotangent = (jax.random.normal(key, (2, length, heads, d)) for key in keys)
@@ -149,51 +244,54 @@ def check_attention_kernels() -> dict:
     return [value, *grads]
 
   kernels = [('xla', jnp.float32, 1e-4)]
-  if jax.default_backend() == 'gpu':
+  if on_gpu():
     kernels += [('xla', jnp.bfloat16, 2e-2), ('cudnn', jnp.bfloat16, 2e-2)]
   row, passed = {'check': 'attention_kernels_agree'}, True
   reference = {dtype: outputs('einsum', dtype) for dtype in {d for _, d, _ in kernels}}
   for implementation, dtype, tolerance in kernels:
-    got = outputs(implementation, dtype)
     name = f'{implementation}_{jnp.dtype(dtype).name}'
+    try:
+      got = outputs(implementation, dtype)
+    except Exception as error:  # pylint: disable=broad-except  # e.g. cuDNN has no plan
+      row[name], passed = {'error': first_line(error)}, False
+      continue
     errors = [float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-12))
               for a, b in zip(got, reference[dtype])]
     row[name] = dict(zip(('forward', 'd_query', 'd_key', 'd_value', 'd_bias'), errors))
     passed &= max(errors) <= tolerance
-  if jax.default_backend() != 'gpu':
+  if not on_gpu():
     row['cudnn'] = 'not run: needs a GPU'
-  return {**row, 'pass': bool(passed)}
+  return [{**row, 'pass': bool(passed)}]
 
 
-def check_greedy_equals_transformers(run, params) -> dict:
-  """Greedy decoding of the memorising float32 model, t5lite's against transformers'."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  from t5lite.export import hf  # pylint: disable=import-outside-toplevel
-  inputs = train_step.synthetic_batch(run.config)['encoder_input_tokens'][:4]
-  with run.sharding(), jax.default_matmul_precision('highest'):
-    ours = np.asarray(decoding.generate(run.model(params), jnp.asarray(inputs),
-                                        max_decode_length=16))
-  device = 'cuda' if jax.default_backend() == 'gpu' and torch.cuda.is_available() else 'cpu'
-  torch.backends.cuda.matmul.allow_tf32 = False
-  with tempfile.TemporaryDirectory() as folder:
-    hf.export_hf(params, run.model_cfg, folder)
-    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).to(device).eval()
-  ids = torch.as_tensor(inputs, dtype=torch.long, device=device)
-  with torch.no_grad():
-    theirs = model.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
-                            num_beams=1, max_new_tokens=16).cpu().numpy()[:, 1:]
-  theirs = np.pad(theirs, ((0, 0), (0, 16 - theirs.shape[1])))
-  eos = theirs == decoding.EOS_ID  # transformers pads after EOS with pad, we with pad too
-  return {'check': 'greedy_equals_transformers', 'torch_device': device,
-          'tokens_equal': int((ours == theirs).sum()), 'tokens': int(ours.size),
-          'sequences_with_eos': int(eos.any(1).sum()), 'pass': bool((ours == theirs).all())}
+def first_line(error: BaseException) -> str:
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
-def correctness() -> list[dict]:
-  bfloat16, (run, params) = check_bfloat16_tracks_float32()
-  return [check_device_equals_cpu(), bfloat16, check_attention_kernels(),
-          check_greedy_equals_transformers(run, params)]
+# ---- speed, profile, Hugging Face --------------------------------------------------------------
+
+def sweep() -> dict:
+  """{preset: (baseline batch, changes)} for this backend."""
+  if on_gpu():
+    return SWEEP
+  batch, changes = next(iter(SWEEP.values()))
+  changes = [{k: v // CPU_BATCH_DIVISOR if k == 'data.batch_size' else v
+              for k, v in change.items()} for change in changes
+             if change.get('model.attention') != 'cudnn']  # cuDNN needs a GPU
+  return {CPU_MODEL: (batch // CPU_BATCH_DIVISOR, changes)}
+
+
+def variant_config(name: str, change: dict):
+  """The preset's baseline on this backend's shapes with one change (XLA flags aside)."""
+  batch, _ = sweep()[name]
+  fields = {k: v for k, v in change.items() if k != 'xla'}
+  return preset(name, batch_size=batch, **shapes(), **{
+      'model.scan_layers': False, 'model.remat_policy': 'none', 'model.attention': 'xla',
+      **{f'model.{k}': v for k, v in model_fields().items()}, **fields})
+
+
+def change_name(change: dict) -> str:
+  return ','.join(f'{k}={v}' for k, v in change.items()) or 'baseline'
 
 
 def measure(config, steps: int, warmup: int) -> dict:
@@ -201,98 +299,339 @@ def measure(config, steps: int, warmup: int) -> dict:
   `warmup`."""
   step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config))
   seconds = train_step.interleaved_times({'t5lite': step}, warmup, steps)['t5lite'][0]
+  return {**speed_figures(config, seconds), 'compile_s': round(info['compile_s'], 2),
+          'xla_memory_mib': info['xla_memory_mib'], **peak_memory()}
+
+
+def speed_figures(config, seconds: list[float]) -> dict:
   data, step_s = config.data, statistics.median(seconds)
   peak, peak_name = flops_lib.peak_flops_per_device(jax.devices()[0])
   flops = flops_lib.train_flops_per_step(config_lib.model_config(config), data.inputs_length,
                                          data.targets_length, batch_size=data.batch_size)
-  stats = jax.devices()[0].memory_stats() or {}
-  return {'step_s': round(step_s, 4), 'step_s_min': round(min(seconds), 4),
+  return {'batch_size': data.batch_size, 'step_s': round(step_s, 4),
+          'step_s_min': round(min(seconds), 4),
           'tokens_per_s': round(data.batch_size * (data.inputs_length + data.targets_length)
                                 / step_s, 1),
-          'mfu': round(flops / step_s / peak, 4), 'peak_flops': peak, 'peak_source': peak_name,
-          'compile_s': round(info['compile_s'], 2), 'xla_memory_mib': info['xla_memory_mib'],
-          'peak_memory_gib': round(stats['peak_bytes_in_use'] / 2**30, 2)
-                             if 'peak_bytes_in_use' in stats else None}
+          'mfu': round(flops / step_s / peak, 4), 'peak_flops': peak, 'peak_source': peak_name}
 
 
-def shapes() -> dict:
-  gpu = jax.default_backend() == 'gpu'
-  return dict(dtype='bfloat16' if gpu else 'float32', inputs_length=512 if gpu else 64,
-              targets_length=114 if gpu else 16)
+def peak_memory() -> dict:
+  stats = jax.devices()[0].memory_stats() or {}
+  return {'peak_memory_gib': round(stats['peak_bytes_in_use'] / 2**30, 2)
+          if 'peak_bytes_in_use' in stats else None}
 
 
-def speed(args) -> list[dict]:
-  sweep = SWEEP if jax.default_backend() == 'gpu' else CPU_SWEEP
-  rows, deadline = [], time.monotonic() + args.speed_budget_s
-  for name, plan in sweep.items():
-    for change in plan['variants']:
-      row = {'bench': 'gpu_speed', 'model': name, 'change': change or 'baseline'}
-      if time.monotonic() > deadline:
-        rows.append({**row, 'skipped': f'past --speed_budget_s={args.speed_budget_s}'})
-        continue
-      config = preset(name, batch_size=plan['batch_size'], **shapes(),
-                      **{'model.scan_layers': True, 'model.attention': attention(), **change})
-      try:
-        rows.append({**row, 'batch_size': config.data.batch_size, **measure(
-            config, args.steps, args.warmup)})
-      except Exception as error:  # pylint: disable=broad-except  # e.g. out of memory: go on
-        rows.append({**row, 'error': str(error).strip().splitlines()[0][:300]})
-      print(json.dumps(rows[-1]), flush=True)
-  return rows
+def speed(name: str, change: dict, args) -> list[dict]:
+  row = {'bench': 'gpu_speed', 'model': name, 'change': change_name(change)}
+  return [{**row, **measure(variant_config(name, change), args.steps, args.warmup)}]
 
 
-def attention() -> str:
-  return 'cudnn' if jax.default_backend() == 'gpu' else 'xla'
+def profile(args) -> list[dict]:
+  """The first preset's baseline: `args.warmup` steps, then `args.steps` traced; the summary,
+  and the trace and the HLO dump (XLA_FLAGS of this job) archived under --out."""
+  name = next(iter(sweep()))
+  config = variant_config(name, {})
+  step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config))
+  seconds = train_step.interleaved_times({'t5lite': step}, args.warmup, args.steps)['t5lite'][0]
+  traced = os.path.join(args.out, 'trace')
+  step_profile.trace(step, args.steps, traced)
+  dump = dump_folder(args.out)
+  summary = step_profile.summarize(traced, dump, args.steps)
+  for folder, archive in ((traced, 'trace.tar.gz'), (dump, 'xla_dump.tar.gz')):
+    with tarfile.open(os.path.join(args.out, archive), 'w:gz') as tar:
+      # buffer assignments run to tens of MB for a base model: beyond what comes back
+      tar.add(folder, arcname=archive.split('.')[0], filter=lambda info: None if any(
+          part in info.name for part in ('buffer-assignment', 'live-range')) else info)
+    shutil.rmtree(folder)
+  return [{'bench': 'gpu_profile', 'model': name, 'steps_traced': args.steps,
+           **speed_figures(config, seconds), 'compile_s': round(info['compile_s'], 2),
+           **summary}]
+
+
+def dump_folder(out: str) -> str:
+  return os.path.join(out, 'xla_dump')
 
 
 def side_by_side(args) -> list[dict]:
   """The first preset's baseline beside PyTorch's, via bench/train_step.py's comparison."""
-  name, plan = next(iter((SWEEP if jax.default_backend() == 'gpu' else CPU_SWEEP).items()))
+  name = next(iter(sweep()))
+  config = variant_config(name, {})
+  data = config.data
   step_args = train_step.parse_args([
       '--models', name, '--steps', str(args.steps), '--warmup', str(args.warmup),
-      '--batch_size', str(plan['batch_size']), '--inputs_length',
-      str(shapes()['inputs_length']), '--targets_length', str(shapes()['targets_length']),
-      '--dtype', shapes()['dtype']])
+      '--batch_size', str(data.batch_size), '--inputs_length', str(data.inputs_length),
+      '--targets_length', str(data.targets_length), '--dtype', config.model.dtype])
   with tempfile.TemporaryDirectory() as cache:
     peak, sample = train_step.peak_sampler()
-    row = train_step.compare(name, step_args, cache, sample, scan_layers=True,
-                             attention=attention())
+    row = train_step.compare(name, step_args, cache, sample, cpu_memory=False,
+                             scan_layers=False, attention='xla', **model_fields())
   train_step.add_mfu(row, *peak())
   return [{**row, 'bench': 'gpu_side_by_side'}]
 
 
+# ---- the real run: resume, and plan against it -------------------------------------------------
+
+def run_flags() -> list[str]:
+  """`t5lite train` flags of the resume job's run (and of the plan against it)."""
+  steps, every = RESUME['gpu' if on_gpu() else 'cpu']
+  name = next(iter(sweep()))
+  batch, _ = sweep()[name]
+  flags = [f'--config=configs/{name}.py', '--config.data.source=synthetic',
+           f'--config.train.steps={steps}', '--config.train.log_every=1',
+           '--config.train.eval_every=0', f'--config.checkpoint.every_steps={every}',
+           f'--config.data.batch_size={batch}', f'--config.model.dtype={shapes()["dtype"]}']
+  if not on_gpu():
+    flags += [f'--config.data.inputs_length={shapes()["inputs_length"]}',
+              f'--config.data.targets_length={shapes()["targets_length"]}']
+  return flags + [f'--config.model.{k}={v}' for k, v in model_fields().items()]
+
+
+def launch_train(workdir: str, kill: bool = False) -> list[int]:
+  """Runs `t5lite train` with run_flags() to the end, or with `kill` SIGKILLs it once a
+  checkpoint is complete and a step past it has printed; returns the steps it printed."""
+  process = subprocess.Popen(
+      [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags()],
+      cwd=train_step.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  printed, output = [], []
+
+  def read():
+    for line in process.stdout:
+      output.append(line)
+      if match := STEP_LINE.match(line):
+        printed.append(int(match.group(1)))
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  while kill and process.poll() is None:
+    saved = complete_checkpoints(workdir)
+    if saved and printed and printed[-1] > saved[-1]:
+      process.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.01)
+  returncode = process.wait()
+  reader.join()
+  if returncode != (-signal.SIGKILL if kill else 0):
+    raise RuntimeError(f't5lite train exited {returncode}: {"".join(output[-5:])}')
+  return printed
+
+
+def complete_checkpoints(workdir: str) -> list[int]:
+  """Steps saved in full (orbax renames a step's temporary folder to the step when done)."""
+  folder = os.path.join(workdir, 'checkpoints')
+  return sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(
+      folder) else []
+
+
+def logged_rows(workdir: str) -> dict[int, dict]:
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return {row['step']: row for row in map(json.loads, f) if 'loss' in row}
+
+
+def resume(args) -> list[dict]:
+  """The run once through, and the same run SIGKILLed past a checkpoint and resumed: each
+  step's loss, bit for bit."""
+  with tempfile.TemporaryDirectory() as folder:
+    once, killed = os.path.join(folder, 'once'), os.path.join(folder, 'killed')
+    launch_train(once)
+    printed = launch_train(killed, kill=True)
+    resumed_from = launch_train(killed)[0] - 1
+    a, b = logged_rows(once), logged_rows(killed)
+  steps = sorted(a)
+  if steps != sorted(b):
+    raise RuntimeError(f'logged steps differ: {steps} and {sorted(b)}')
+
+  def max_difference(chosen):
+    return max((abs(a[s]['loss'] - b[s]['loss']) for s in chosen), default=0.0)
+
+  before = [s for s in steps if s <= resumed_from]
+  after = [s for s in steps if s > resumed_from]
+  timed = [a[s] for s in steps[1:]]  # the first step's time holds the step's first run
+  return [{'bench': 'gpu_resume', 'flags': run_flags(), 'steps': len(steps),
+           'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
+           'equal_losses': sum(a[s]['loss'] == b[s]['loss'] for s in steps),
+           'max_difference_before_resume': max_difference(before),
+           'max_difference_after_resume': max_difference(after),
+           'first_loss': a[steps[0]]['loss'], 'last_loss': a[steps[-1]]['loss'],
+           'tokens_per_s': statistics.median(r['tokens_per_s'] for r in timed),
+           'mfu': statistics.median(r['mfu'] for r in timed),
+           'peak_memory_gib': a[steps[-1]].get('peak_memory_gib'),
+           'pass': all(a[s]['loss'] == b[s]['loss'] for s in steps)}]
+
+
+def plan(args) -> list[dict]:
+  """`t5lite plan` of the resume job's run for this machine, against what that run used."""
+  config = config_lib.load(os.path.join(train_step.ROOT, run_flags()[0].split('=', 1)[1]))
+  config_lib.override(config, run_flags()[1:])
+  device = jax.devices()[0]
+  known = [name for name, chip in plan_lib.GPUS.items()
+           if device.device_kind.startswith(chip.device_kind)]
+  topology = f'1x{known[0].upper()}' if on_gpu() and known else 'cpu:1'
+  result = plan_lib.plan(config, topology)
+  ran = [row for row in read_rows(args.out) if row.get('bench') == 'gpu_resume']
+  run_peak = ran[-1].get('peak_memory_gib') if ran else None
+  planned = result['memory_per_device'] / 2**30
+  return [{'bench': 'gpu_plan', 'topology': result['topology'],
+           'compiled': result['compiled'] is not None,
+           'planned_gib': round(planned, 2),
+           'analytic_gib': round(result['analytic']['total'] / 2**30, 2),
+           'run_peak_memory_gib': run_peak,
+           'planned_over_run': round(planned / run_peak, 3) if run_peak else None,
+           'planned_step_s': round(result['step_seconds'], 4), 'mfu_assumed': result['mfu'],
+           'run_mfu': ran[-1].get('mfu') if ran else None}]
+
+
+# ---- jobs --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  name: str
+  run: object  # run(args) -> rows
+  timeout_s: float
+  xla_flags: str = ''
+
+
+def jobs() -> list[Job]:
+  """Every job for this backend, in the order they run."""
+  def timeout(kind):
+    return TIMEOUT_S[kind] if on_gpu() else CPU_TIMEOUT_S
+
+  listed = [Job('correctness', lambda args: correctness(), timeout('correctness')),
+            Job('attention', lambda args: check_attention_kernels(), timeout('attention')),
+            Job('profile', profile, timeout('profile'),
+                '--xla_dump_to={dump} --xla_dump_hlo_as_text '
+                '--xla_dump_hlo_module_re=.*train_step.*'),
+            Job('hf', side_by_side, timeout('hf'))]
+  for name, (_, changes) in sweep().items():
+    for change in changes:
+      listed.append(Job(f'speed:{name}:{change_name(change)}',
+                        lambda args, name=name, change=change: speed(name, change, args),
+                        timeout('speed') * (1.5 if 'large' in name else 1),
+                        XLA_FLAGS.get(change.get('xla'), '')))
+  return listed + [Job('resume', resume, timeout('resume')), Job('plan', plan, timeout('plan'))]
+
+
+def selected(patterns: str | None) -> list[Job]:
+  """The jobs whose names start with one of the comma-separated `patterns` (all if None), in
+  the patterns' order."""
+  every = jobs()
+  if not patterns:
+    return every
+  chosen = []
+  for pattern in patterns.split(','):
+    matches = [job for job in every if job.name.startswith(pattern) and job not in chosen]
+    if not matches:
+      raise SystemExit(f'--jobs: no job starts with {pattern!r}; see --list')
+    chosen += matches
+  return chosen
+
+
+def emit(row: dict, out: str | None) -> None:
+  print(json.dumps(row), flush=True)
+  if out:
+    with open(os.path.join(out, 'gpu.jsonl'), 'a', encoding='utf-8') as f:
+      f.write(json.dumps(row) + '\n')
+
+
+def read_rows(out: str) -> list[dict]:
+  path = os.path.join(out, 'gpu.jsonl')
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run_child(job: Job, args) -> None:
+  """In the child: the job's rows, or one row with the error that stopped it."""
+  try:
+    for row in job.run(args):
+      emit({'job': job.name, **row}, args.out)
+  except Exception as error:  # pylint: disable=broad-except  # the row says what went wrong
+    emit({'job': job.name, 'error': f'{type(error).__name__}: {first_line(error)}'}, args.out)
+    raise
+
+
+def child_command(job: Job, args) -> list[str]:
+  return [sys.executable, os.path.abspath(__file__), f'--job={job.name}', f'--out={args.out}',
+          f'--steps={args.steps}', f'--warmup={args.warmup}']
+
+
+def run_jobs(chosen: list[Job], args, command=None) -> None:
+  """In the parent: each job in a child of its own (`command(job)`, default child_command),
+  within its timeout and the budget."""
+  command = command or functools.partial(child_command, args=args)
+  deadline = time.monotonic() + args.budget_s
+  env = dict(os.environ)
+  # compile_s of a step an earlier job compiled is the cache's load time
+  env.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(),
+                                                           't5lite_gpu_bench_cache'))
+  log_path = os.path.join(args.out, 'jobs.log')
+  for job in chosen:
+    left = deadline - time.monotonic()
+    if left < min(job.timeout_s, 60):
+      emit({'job': job.name, 'skipped': f'{left:.0f} s of --budget_s left'}, args.out)
+      continue
+    child_env = dict(env)
+    if job.xla_flags:
+      flags = job.xla_flags.format(dump=dump_folder(args.out))
+      child_env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {flags}'.strip()
+      if '--xla_dump_to' in flags:  # a cache hit would compile nothing and dump nothing
+        child_env['JAX_ENABLE_COMPILATION_CACHE'] = 'false'
+    start = time.monotonic()
+    with open(log_path, 'a', encoding='utf-8') as log:
+      log.write(f'==== {job.name}\n')
+      log.flush()
+      child = subprocess.Popen(command(job), env=child_env, stderr=log, start_new_session=True)
+      try:
+        returncode = child.wait(timeout=min(job.timeout_s, left))
+      except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        returncode = 'timeout'
+    seconds = round(time.monotonic() - start, 1)
+    done = [row for row in read_rows(args.out) if row.get('job') == job.name]
+    if returncode == 'timeout' or (returncode != 0 and not any('error' in r for r in done)):
+      emit({'job': job.name, 'error': f'{returncode} after {seconds} s; see jobs.log',
+            'stderr_tail': log_tail(log_path)}, args.out)
+    print(f'# {job.name}: exit {returncode} in {seconds} s', file=sys.stderr, flush=True)
+
+
+def log_tail(path: str, lines: int = 3) -> str:
+  with open(path, encoding='utf-8', errors='replace') as f:
+    return ' | '.join(f.read().strip().splitlines()[-lines:])[-600:]
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--parts', default=','.join(PARTS), help='any of ' + ', '.join(PARTS))
-  parser.add_argument('--out', help='a folder for gpu.jsonl')
-  parser.add_argument('--steps', type=int, default=10, help='timed steps per variant')
+  parser.add_argument('--out', help='a folder for gpu.jsonl, jobs.log and the profile archives')
+  parser.add_argument('--jobs', help='comma-separated job-name prefixes, in order (default all)')
+  parser.add_argument('--list', action='store_true', help='print the jobs and exit')
+  parser.add_argument('--steps', type=int, default=10, help='timed steps per measurement')
   parser.add_argument('--warmup', type=int, default=3)
-  parser.add_argument('--speed_budget_s', type=float, default=300,
-                      help='variants past this many seconds of the sweep are skipped')
+  parser.add_argument('--budget_s', type=float, default=540,
+                      help='jobs that would start past this many seconds are skipped')
+  parser.add_argument('--job', help=argparse.SUPPRESS)  # in a child: run this job
   args = parser.parse_args(argv)
-  parts = args.parts.split(',')
-  if set(parts) - set(PARTS):
-    parser.error(f'--parts: unknown {sorted(set(parts) - set(PARTS))}')
-  header = {'bench': 'gpu', 'backend': jax.default_backend(),
-            'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
-            'date': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
-  rows = [header]
-  print(json.dumps(header), flush=True)
-  if 'correctness' in parts:
-    for row in correctness():
-      rows.append(row)
-      print(json.dumps(row), flush=True)
-  if 'hf' in parts:  # before the sweep, while JAX's allocator has not grown: torch needs room
-    for row in side_by_side(args):
-      rows.append(row)
-      print(json.dumps(row), flush=True)
-  if 'speed' in parts:
-    rows += speed(args)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, 'gpu.jsonl'), 'w', encoding='utf-8') as f:
-      f.writelines(json.dumps(row) + '\n' for row in rows)
-  return 0 if all(row.get('pass', True) for row in rows) else 1
+  if args.list:
+    for job in selected(args.jobs):
+      print(f'{job.name:60} {job.timeout_s:5.0f} s {job.xla_flags}')
+    return 0
+  if not args.out:
+    parser.error('--out is required')
+  os.makedirs(args.out, exist_ok=True)
+  if args.job:
+    run_child(next(job for job in jobs() if job.name == args.job), args)
+    return 0
+  chosen = selected(args.jobs)
+  emit({'bench': 'gpu', 'backend': jax.default_backend(),
+        'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+        'jobs': [job.name for job in chosen],
+        'date': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, args.out)
+  run_jobs(chosen, args)
+  rows = read_rows(args.out)
+  failed = [row['job'] for row in rows if 'error' in row or row.get('pass') is False]
+  print(f'# {len(rows)} rows in {os.path.join(args.out, "gpu.jsonl")}; '
+        f'failed: {", ".join(failed) or "none"}', file=sys.stderr)
+  return 1 if failed else 0
 
 
 if __name__ == '__main__':

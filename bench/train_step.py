@@ -251,8 +251,10 @@ def gpu_peak_memory(framework: str) -> dict:
   return {'peak_device_memory_mib': mib(peak)}
 
 
-def compare(name: str, args, cache_dir: str, sample_peak, **model) -> dict:
-  """One row (MFU still to add): both frameworks on preset `name`, timed in alternation."""
+def compare(name: str, args, cache_dir: str, sample_peak, *, cpu_memory: bool = True,
+            **model) -> dict:
+  """One row (MFU still to add): both frameworks on preset `name`, timed in alternation; on
+  CPU, without `cpu_memory`, no child processes measure peak memory."""
   config = run_config(name, args, **model)
   model_cfg = config_lib.model_config(config)
   batch = synthetic_batch(config)
@@ -277,7 +279,7 @@ def compare(name: str, args, cache_dir: str, sample_peak, **model) -> dict:
     row.update({f'{framework}_{k}': round(v, 2) if isinstance(v, float) else v
                 for k, v in info[framework].items()})
     memory = (gpu_peak_memory(framework) if jax.default_backend() == 'gpu'
-              else cpu_peak_memory(name, args, framework, cache_dir))
+              else cpu_peak_memory(name, args, framework, cache_dir) if cpu_memory else {})
     row.update({f'{framework}_{k}': v for k, v in memory.items()})
   for framework, suffix in (('hf_torch', ''), ('hf_torch_compile', '_vs_compiled')):
     if framework in times:  # >1: t5lite faster

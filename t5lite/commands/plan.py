@@ -5,7 +5,8 @@ Three ways to know, the best available first:
   for the slice's topology on this host, as MaxText's train_compile does, and read XLA's
   `memory_analysis()` and `cost_analysis()`;
 - `cpu:N`: compile the real step for N (fake) CPU devices of this host the same way;
-- otherwise (GPUs, or no libtpu): an analytic estimate from the real per-leaf shardings of the
+- GPUs this host has (`1xH100` on a machine with an H100): compile the step for them;
+- otherwise (other GPUs, or no libtpu): an analytic estimate from the real per-leaf shardings of the
   train state (`state_spec`) and the activation count of `activation_bytes`.
 The analytic estimate is always computed, so a compiled plan shows both side by side. Against
 XLA (BENCHMARKS.md): state and batch agree to 0.1%; the total is within 10% for t5_tiny on a TPU
@@ -118,8 +119,13 @@ def parse_topology(text: str) -> Topology:
 
 
 def topology_devices(topology: Topology):
-  """Devices to compile for: this host's CPUs for cpu:N, the compile-only devices of a TPU slice
-  where libtpu is installed; None where only the analytic estimate is possible."""
+  """Devices to compile for: this host's CPUs for cpu:N, its own GPUs where it has the
+  topology's (8xH100 on a host with 8 of them), the compile-only devices of a TPU slice where
+  libtpu is installed; None where only the analytic estimate is possible."""
+  if topology.platform == 'gpu':
+    local = [d for d in jax.local_devices()
+             if d.platform == 'gpu' and d.device_kind.startswith(topology.chip.device_kind)]
+    return local[:topology.num_devices] if len(local) >= topology.num_devices else None
   if topology.platform == 'cpu':
     cpus = jax.devices('cpu')
     if len(cpus) < topology.num_devices:

@@ -250,7 +250,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
         seconds = (time.perf_counter() - tic) / len(pending)
         last = mean_metrics(pending)
         last.update(tokens_per_s=speed.tokens_per_step / seconds, step_seconds=seconds,
-                    mfu=speed.peak_fraction_per_second / seconds)
+                    mfu=speed.peak_fraction_per_second / seconds, **device_memory())
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
           last.update(evaluator(step, state))
         writer.write(step, last)
@@ -267,6 +267,15 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
     preempted.restore()
     writer.close()
   return dict(last, step=step, finished=step >= train_cfg.steps)
+
+
+def device_memory() -> dict:
+  """The allocator's peak so far on this process's first device, where the backend keeps one
+  (GPUs and TPUs; XLA:CPU does not): what to size the batch and remat policy by."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if 'peak_bytes_in_use' not in stats:
+    return {}
+  return {'peak_memory_gib': stats['peak_bytes_in_use'] / 2**30}
 
 
 class DeviceBatches:

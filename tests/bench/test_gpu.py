@@ -1,29 +1,42 @@
-"""bench/gpu.py's correctness part, as it runs on an accelerator, here on the CPU backend: the
-same script a GPU machine runs, its checks computed and passed on real numbers."""
+"""bench/gpu.py as a GPU machine runs it, here on the CPU backend at tiny shapes: every job in its
+own process, its checks computed and passed on real numbers, so that no path of the one command
+a lent GPU runs is first run there."""
 
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / 'bench'))
+
+
+@pytest.fixture(scope='module')
+def rows(tmp_path_factory):
+  """{job: [rows]} of one run of every job, and the --out folder."""
+  out = tmp_path_factory.mktemp('gpu_out')
+  done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu.py'), f'--out={out}',
+                         '--steps=2', '--warmup=1', '--budget_s=1500'], cwd=ROOT,
+                        env=dict(os.environ), capture_output=True, text=True, timeout=1800)
+  assert done.returncode == 0, done.stderr[-3000:]
+  by_job = {}
+  for line in (out / 'gpu.jsonl').read_text().splitlines():
+    row = json.loads(line)
+    by_job.setdefault(row.get('job', 'header'), []).append(row)
+  return by_job, out
 
 
 @pytest.mark.slow
-def test_correctness_checks_run_and_pass_on_cpu(tmp_path):
-  done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu.py'), '--parts=correctness',
-                         f'--out={tmp_path}'], cwd=ROOT, env=dict(os.environ),
-                        capture_output=True, text=True, timeout=900)
-  assert done.returncode == 0, done.stderr[-3000:]
-  rows = [json.loads(line) for line in (tmp_path / 'gpu.jsonl').read_text().splitlines()]
-  header, *checks = rows
-  assert header['backend'] == 'cpu'
-  checks = {row['check']: row for row in checks}
+def test_correctness_checks_pass_on_cpu(rows):
+  by_job, _ = rows
+  assert by_job['header'][0]['backend'] == 'cpu'
+  checks = {row['check']: row for row in by_job['correctness'] + by_job['attention']}
   assert list(checks) == ['float32_device_equals_cpu', 'bfloat16_tracks_float32',
-                          'attention_kernels_agree', 'greedy_equals_transformers']
+                          'greedy_equals_transformers', 'attention_kernels_agree']
   assert all(row['pass'] for row in checks.values())
 
   same = checks['float32_device_equals_cpu']
@@ -41,3 +54,70 @@ def test_correctness_checks_run_and_pass_on_cpu(tmp_path):
 
   greedy = checks['greedy_equals_transformers']
   assert greedy['tokens_equal'] == greedy['tokens'] == 64
+
+
+@pytest.mark.slow
+def test_every_speed_variant_and_the_side_by_side_measure(rows):
+  by_job, _ = rows
+  import gpu  # pylint: disable=import-outside-toplevel
+  speed = {name: found[0] for name, found in by_job.items() if name.startswith('speed:')}
+  # every change of the first preset's sweep but cuDNN's, at a 32nd of its batch
+  batch, changes = gpu.SWEEP['t5_1_1_base']
+  assert len(speed) == len(changes) - 1
+  for row in speed.values():
+    assert 'error' not in row, row
+    assert row['step_s'] > 0 and row['tokens_per_s'] > 0 and 0 < row['mfu'] < 1
+  assert speed['speed:t5_tiny:baseline']['batch_size'] == batch // 32
+  assert speed['speed:t5_tiny:data.batch_size=8']['batch_size'] == 8
+  side = by_job['hf'][0]
+  for framework in ('t5lite', 'hf_torch', 'hf_torch_compile'):
+    assert side[f'{framework}_step_s'] > 0 and 0 < side[f'{framework}_mfu'] < 1
+  assert side['batch_size'] == batch // 32 and side['hf_torch_compile_attention'] == 'sdpa'
+
+
+@pytest.mark.slow
+def test_the_profile_maps_device_time_to_source_lines(rows):
+  by_job, out = rows
+  profile = by_job['profile'][0]
+  assert profile['instructions'] > 100 and profile['device_ms_per_step'] > 0
+  phases = dict((name, ms) for name, ms, _ in profile['by_phase'])
+  assert set(phases) == {'forward', 'backward', 'update'}
+  assert phases['backward'] > phases['forward'] > 0  # the backward pass does twice the matmuls
+  lines = [line for line, _, _ in profile['by_line']]
+  assert any(line.startswith('t5lite/models/layers.py:') and 'Dense' in line for line in lines)
+  assert any(line.startswith('t5lite/models/attention.py:') for line in lines)
+  for archive in ('trace.tar.gz', 'xla_dump.tar.gz'):
+    with tarfile.open(out / archive) as tar:
+      assert len(tar.getnames()) > 1
+  assert not (out / 'trace').exists() and not (out / 'xla_dump').exists()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
+  by_job, _ = rows
+  resume = by_job['resume'][0]
+  assert resume['pass'] and resume['equal_losses'] == resume['steps'] == 6
+  assert resume['killed_after_step'] >= 4 and resume['resumed_from_step'] in (2, 4)
+  assert resume['last_loss'] < resume['first_loss']
+  plan = by_job['plan'][0]
+  assert plan['topology'] == 'cpu:1' and plan['compiled'] and plan['planned_gib'] > 0
+  assert plan['run_peak_memory_gib'] is None  # XLA:CPU keeps no allocator statistics
+
+
+def test_a_job_that_fails_costs_one_row_not_the_run(tmp_path):
+  """A job that crashes or outlives its timeout is a row with its error; the jobs after it
+  still run."""
+  import gpu  # pylint: disable=import-outside-toplevel
+  import argparse  # pylint: disable=import-outside-toplevel
+  args = argparse.Namespace(out=str(tmp_path), budget_s=60, steps=1, warmup=0)
+  crash = gpu.Job('crash', None, 30)
+  hang = gpu.Job('hang', None, 1)
+  ok = gpu.Job('ok', None, 30)
+  scripts = {'crash': 'raise SystemExit(3)', 'hang': 'import time; time.sleep(60)',
+             'ok': f'open({str(tmp_path / "gpu.jsonl")!r}, "a").write(\'{{"job": "ok"}}\\n\')'}
+  gpu.run_jobs([crash, hang, ok], args, command=lambda job: [sys.executable, '-c',
+                                                             scripts[job.name]])
+  rows = [json.loads(line) for line in (tmp_path / 'gpu.jsonl').read_text().splitlines()]
+  assert [row['job'] for row in rows] == ['crash', 'hang', 'ok']
+  assert rows[0]['error'].startswith('3 after') and rows[1]['error'].startswith('timeout after')
+  assert 'error' not in rows[2]
