@@ -18,10 +18,10 @@ share a persistent compilation cache. The jobs, in order:
   device time by instruction, source line and kind (bench/step_profile.py), both archived;
 - hf: the first preset's baseline beside Hugging Face's T5, eager and compiled (SDPA, fused
   AdamW), steps alternating in one process (bench/train_step.py);
-- speed:MODEL:CHANGE: each preset's baseline (bfloat16, 512/114, unrolled layers, no remat,
-  `xla` attention) and one setting changed at a time (a config field, or XLA flags): tokens/s,
-  MFU by t5lite/train/flops.py against the device's peak, XLA's memory estimate, the
-  allocator's peak, compile time;
+- speed:MODEL:CHANGE: each preset's baseline (bfloat16, 512/114, BASELINE: scanned layers,
+  save_dots remat, `xla` attention) and one setting changed at a time (a config field, or XLA
+  flags): tokens/s, MFU by t5lite/train/flops.py against the device's peak, XLA's memory
+  estimate, the allocator's peak, compile time (or its load from the shared cache);
 - resume: `t5lite train` on synthetic batches with checkpoints, once through and once SIGKILLed
   and resumed; every step's loss compared bit for bit (those before the checkpoint it resumed
   from compare two runs of one config, those after compare resuming);
@@ -32,6 +32,7 @@ tested there, and no figure means anything.
 """
 
 import argparse
+import collections
 import dataclasses
 import functools
 import json
@@ -44,7 +45,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 
 # bench/train_step.py: the preset setup, the timed step and the PyTorch side; importing it first
@@ -64,6 +64,7 @@ from t5lite.data import batches as batches_lib  # noqa: E402
 from t5lite.models import attention as attention_lib  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
 from t5lite.models.positions import RelativePositionBias  # noqa: E402
+from t5lite.train import checkpoint as checkpoint_lib  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
 from t5lite.train import run as run_lib  # noqa: E402
@@ -83,13 +84,18 @@ XLA_FLAGS = {
 # first preset's changes at a 32nd of the batch.
 SWEEP = {
     't5_1_1_base': (128, [
-        {}, {'model.attention': 'cudnn'}, {'model.scan_layers': True}, {'data.batch_size': 256},
-        {'xla': 'no_triton_gemm'}, {'xla': 'maxtext'}, {'model.remat_policy': 'save_dots'},
+        {}, {'model.attention': 'cudnn'}, {'model.scan_layers': False}, {'data.batch_size': 256},
+        {'xla': 'no_triton_gemm'}, {'xla': 'maxtext'}, {'model.remat_policy': 'none'},
         {'train.loss_chunks': 4}, {'data.batch_size': 64}]),
     't5_1_1_large': (64, [
         {}, {'model.attention': 'cudnn'}, {'data.batch_size': 128},
-        {'model.remat_policy': 'save_dots'}]),
+        {'model.remat_policy': 'full'}]),
 }
+# On an H200 (2026-11-26) unrolled t5_1_1_base did not get through compiling in 79 s (nor in
+# 150 s with the HLO dump on) where scanned compiled within 42 s, and scanned without remat took
+# 96 GiB at batch 128 (XLA keeps every layer's intermediates; the analytic plan says 47);
+# save_dots (22 GiB analytic) leaves room on an 80 GiB H100, and for PyTorch beside t5lite.
+BASELINE = {'model.scan_layers': True, 'model.remat_policy': 'save_dots', 'model.attention': 'xla'}
 CPU_MODEL, CPU_BATCH_DIVISOR = 't5_tiny', 32
 CPU_MODEL_FIELDS = {'num_encoder_layers': 2, 'num_decoder_layers': 2}  # half the compile
 # Seconds a job may take on a GPU (compiles included); on CPU each gets CPU_TIMEOUT_S.
@@ -284,10 +290,9 @@ def sweep() -> dict:
 def variant_config(name: str, change: dict):
   """The preset's baseline on this backend's shapes with one change (XLA flags aside)."""
   batch, _ = sweep()[name]
-  fields = {k: v for k, v in change.items() if k != 'xla'}
-  return preset(name, batch_size=batch, **shapes(), **{
-      'model.scan_layers': False, 'model.remat_policy': 'none', 'model.attention': 'xla',
-      **{f'model.{k}': v for k, v in model_fields().items()}, **fields})
+  overrides = {**BASELINE, **{f'model.{k}': v for k, v in model_fields().items()},
+               **{k: v for k, v in change.items() if k != 'xla'}}
+  return preset(name, batch_size=batch, **shapes(), **overrides)
 
 
 def change_name(change: dict) -> str:
@@ -333,11 +338,15 @@ def profile(args) -> list[dict]:
   config = variant_config(name, {})
   step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config))
   seconds = train_step.interleaved_times({'t5lite': step}, args.warmup, args.steps)['t5lite'][0]
-  traced = os.path.join(args.out, 'trace')
+  traced = tempfile.mkdtemp(prefix='t5lite_trace_')
   step_profile.trace(step, args.steps, traced)
-  dump = dump_folder(args.out)
+  # the job's XLA_FLAGS name a folder outside --out: what compiles later dumps there too
+  dump = re.search(r'--xla_dump_to=(\S+)', os.environ.get('XLA_FLAGS', ''))
+  dump = dump and dump.group(1)
   summary = step_profile.summarize(traced, dump, args.steps)
   for folder, archive in ((traced, 'trace.tar.gz'), (dump, 'xla_dump.tar.gz')):
+    if not folder:
+      continue
     with tarfile.open(os.path.join(args.out, archive), 'w:gz') as tar:
       # buffer assignments run to tens of MB for a base model: beyond what comes back
       tar.add(folder, arcname=archive.split('.')[0], filter=lambda info: None if any(
@@ -346,10 +355,6 @@ def profile(args) -> list[dict]:
   return [{'bench': 'gpu_profile', 'model': name, 'steps_traced': args.steps,
            **speed_figures(config, seconds), 'compile_s': round(info['compile_s'], 2),
            **summary}]
-
-
-def dump_folder(out: str) -> str:
-  return os.path.join(out, 'xla_dump')
 
 
 def side_by_side(args) -> list[dict]:
@@ -363,8 +368,8 @@ def side_by_side(args) -> list[dict]:
       '--targets_length', str(data.targets_length), '--dtype', config.model.dtype])
   with tempfile.TemporaryDirectory() as cache:
     peak, sample = train_step.peak_sampler()
-    row = train_step.compare(name, step_args, cache, sample, cpu_memory=False,
-                             scan_layers=False, attention='xla', **model_fields())
+    row = train_step.compare(name, step_args, cache, sample, cpu_memory=False, **{
+        k.split('.')[1]: v for k, v in BASELINE.items()}, **model_fields())
   train_step.add_mfu(row, *peak())
   return [{**row, 'bench': 'gpu_side_by_side'}]
 
@@ -379,7 +384,9 @@ def run_flags() -> list[str]:
   flags = [f'--config=configs/{name}.py', '--config.data.source=synthetic',
            f'--config.train.steps={steps}', '--config.train.log_every=1',
            '--config.train.eval_every=0', f'--config.checkpoint.every_steps={every}',
-           f'--config.data.batch_size={batch}', f'--config.model.dtype={shapes()["dtype"]}']
+           f'--config.checkpoint.keep={steps // every}',
+           f'--config.data.batch_size={batch}', f'--config.model.dtype={shapes()["dtype"]}',
+           *(f'--config.{k}={v}' for k, v in BASELINE.items())]
   if not on_gpu():
     flags += [f'--config.data.inputs_length={shapes()["inputs_length"]}',
               f'--config.data.targets_length={shapes()["targets_length"]}']
@@ -392,26 +399,18 @@ def launch_train(workdir: str, kill: bool = False) -> list[int]:
   process = subprocess.Popen(
       [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags()],
       cwd=train_step.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  printed, output = [], []
-
-  def read():
-    for line in process.stdout:
-      output.append(line)
-      if match := STEP_LINE.match(line):
-        printed.append(int(match.group(1)))
-
-  reader = threading.Thread(target=read, daemon=True)
-  reader.start()
-  while kill and process.poll() is None:
-    saved = complete_checkpoints(workdir)
-    if saved and printed and printed[-1] > saved[-1]:
-      process.send_signal(signal.SIGKILL)
-      break
-    time.sleep(0.01)
+  printed, last_lines = [], collections.deque(maxlen=5)
+  for line in process.stdout:  # a line per step (log_every=1)
+    last_lines.append(line)
+    if match := STEP_LINE.match(line):
+      printed.append(int(match.group(1)))
+      saved = complete_checkpoints(workdir)
+      if kill and saved and printed[-1] > saved[-1]:
+        process.kill()
+        break
   returncode = process.wait()
-  reader.join()
   if returncode != (-signal.SIGKILL if kill else 0):
-    raise RuntimeError(f't5lite train exited {returncode}: {"".join(output[-5:])}')
+    raise RuntimeError(f't5lite train exited {returncode}: {"".join(last_lines)}')
   return printed
 
 
@@ -429,39 +428,62 @@ def logged_rows(workdir: str) -> dict[int, dict]:
 
 def resume(args) -> list[dict]:
   """The run once through, and the same run SIGKILLed past a checkpoint and resumed: each
-  step's loss, bit for bit."""
+  step's loss, bit for bit, and the two runs' saved states at the step it resumed from."""
   with tempfile.TemporaryDirectory() as folder:
     once, killed = os.path.join(folder, 'once'), os.path.join(folder, 'killed')
     launch_train(once)
     printed = launch_train(killed, kill=True)
     resumed_from = launch_train(killed)[0] - 1
     a, b = logged_rows(once), logged_rows(killed)
+    states_equal = saved_states_equal(once, killed, resumed_from)
   steps = sorted(a)
   if steps != sorted(b):
     raise RuntimeError(f'logged steps differ: {steps} and {sorted(b)}')
+  losses = {'once': [a[s]['loss'] for s in steps], 'resumed': [b[s]['loss'] for s in steps]}
+  differing = [s for s in steps if a[s]['loss'] != b[s]['loss']]
 
   def max_difference(chosen):
     return max((abs(a[s]['loss'] - b[s]['loss']) for s in chosen), default=0.0)
 
-  before = [s for s in steps if s <= resumed_from]
-  after = [s for s in steps if s > resumed_from]
   timed = [a[s] for s in steps[1:]]  # the first step's time holds the step's first run
   return [{'bench': 'gpu_resume', 'flags': run_flags(), 'steps': len(steps),
            'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
-           'equal_losses': sum(a[s]['loss'] == b[s]['loss'] for s in steps),
-           'max_difference_before_resume': max_difference(before),
-           'max_difference_after_resume': max_difference(after),
-           'first_loss': a[steps[0]]['loss'], 'last_loss': a[steps[-1]]['loss'],
+           'saved_states_equal': states_equal,
+           'equal_losses': len(steps) - len(differing),
+           'first_differing_step': differing[0] if differing else None,
+           'max_difference_before_resume': max_difference(s for s in steps if s <= resumed_from),
+           'max_difference_after_resume': max_difference(s for s in steps if s > resumed_from),
+           'losses': losses,
            'tokens_per_s': statistics.median(r['tokens_per_s'] for r in timed),
            'mfu': statistics.median(r['mfu'] for r in timed),
            'peak_memory_gib': a[steps[-1]].get('peak_memory_gib'),
-           'pass': all(a[s]['loss'] == b[s]['loss'] for s in steps)}]
+           'pass': not differing and states_equal}]
+
+
+def run_config():
+  """The config of run_flags(), as `t5lite train` builds it."""
+  config = config_lib.load(os.path.join(train_step.ROOT, run_flags()[0].split('=', 1)[1]))
+  config_lib.override(config, run_flags()[1:])
+  return config
+
+
+def saved_states_equal(first: str, second: str, step: int) -> bool:
+  """Whether two workdirs hold bit-identical train states at checkpoint `step`."""
+  config = run_config()
+  run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]),
+                         reads_text=False)
+  leaves = []
+  for workdir in (first, second):
+    reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
+    state, _ = reader.restore(step, run.spec.abstract)
+    reader.close()
+    leaves.append([np.asarray(leaf) for leaf in jax.tree.leaves(state)])
+  return all(np.array_equal(x, y) for x, y in zip(*leaves))
 
 
 def plan(args) -> list[dict]:
   """`t5lite plan` of the resume job's run for this machine, against what that run used."""
-  config = config_lib.load(os.path.join(train_step.ROOT, run_flags()[0].split('=', 1)[1]))
-  config_lib.override(config, run_flags()[1:])
+  config = run_config()
   device = jax.devices()[0]
   known = [name for name, chip in plan_lib.GPUS.items()
            if device.device_kind.startswith(chip.device_kind)]
@@ -488,6 +510,8 @@ class Job:
   run: object  # run(args) -> rows
   timeout_s: float
   xla_flags: str = ''
+  # JAX takes the GPU's memory up front, unless PyTorch or other processes share it
+  preallocate: bool = True
 
 
 def jobs() -> list[Job]:
@@ -495,19 +519,21 @@ def jobs() -> list[Job]:
   def timeout(kind):
     return TIMEOUT_S[kind] if on_gpu() else CPU_TIMEOUT_S
 
-  listed = [Job('correctness', lambda args: correctness(), timeout('correctness')),
+  listed = [Job('correctness', lambda args: correctness(), timeout('correctness'),
+                preallocate=False),
             Job('attention', lambda args: check_attention_kernels(), timeout('attention')),
             Job('profile', profile, timeout('profile'),
                 '--xla_dump_to={dump} --xla_dump_hlo_as_text '
                 '--xla_dump_hlo_module_re=.*train_step.*'),
-            Job('hf', side_by_side, timeout('hf'))]
+            Job('hf', side_by_side, timeout('hf'), preallocate=False)]
   for name, (_, changes) in sweep().items():
     for change in changes:
       listed.append(Job(f'speed:{name}:{change_name(change)}',
                         lambda args, name=name, change=change: speed(name, change, args),
                         timeout('speed') * (1.5 if 'large' in name else 1),
                         XLA_FLAGS.get(change.get('xla'), '')))
-  return listed + [Job('resume', resume, timeout('resume')), Job('plan', plan, timeout('plan'))]
+  return listed + [Job('resume', resume, timeout('resume'), preallocate=False),
+                    Job('plan', plan, timeout('plan'))]
 
 
 def selected(patterns: str | None) -> list[Job]:
@@ -571,11 +597,12 @@ def run_jobs(chosen: list[Job], args, command=None) -> None:
       emit({'job': job.name, 'skipped': f'{left:.0f} s of --budget_s left'}, args.out)
       continue
     child_env = dict(env)
+    if job.preallocate:  # one region up front: growing in steps fragments, and a 93 GiB buffer
+      # found no room after a compile's autotuning in the same process (H200, 2026-11-26)
+      child_env.update(XLA_PYTHON_CLIENT_PREALLOCATE='true', XLA_PYTHON_CLIENT_MEM_FRACTION='0.9')
     if job.xla_flags:
-      flags = job.xla_flags.format(dump=dump_folder(args.out))
+      flags = job.xla_flags.format(dump=tempfile.mkdtemp(prefix='t5lite_xla_dump_'))
       child_env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {flags}'.strip()
-      if '--xla_dump_to' in flags:  # a cache hit would compile nothing and dump nothing
-        child_env['JAX_ENABLE_COMPILATION_CACHE'] = 'false'
     start = time.monotonic()
     with open(log_path, 'a', encoding='utf-8') as log:
       log.write(f'==== {job.name}\n')

@@ -96,9 +96,12 @@ def test_the_profile_maps_device_time_to_source_lines(rows):
 def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   by_job, _ = rows
   resume = by_job['resume'][0]
-  assert resume['pass'] and resume['equal_losses'] == resume['steps'] == 6
-  assert resume['killed_after_step'] >= 4 and resume['resumed_from_step'] in (2, 4)
-  assert resume['last_loss'] < resume['first_loss']
+  assert resume['pass'] and resume['saved_states_equal']
+  assert resume['equal_losses'] == resume['steps'] == 8 and resume['first_differing_step'] is None
+  assert resume['resumed_from_step'] in (2, 4, 6)  # a complete checkpoint, every 2 steps
+  assert resume['killed_after_step'] > resume['resumed_from_step']  # steps were done again
+  assert resume['losses']['once'] == resume['losses']['resumed']
+  assert all(8 < loss < 11 for loss in resume['losses']['once'])  # about ln(8192) = 9.0
   plan = by_job['plan'][0]
   assert plan['topology'] == 'cpu:1' and plan['compiled'] and plan['planned_gib'] > 0
   assert plan['run_peak_memory_gib'] is None  # XLA:CPU keeps no allocator statistics

@@ -143,3 +143,19 @@ def test_device_batches_run_ahead_but_report_the_position_of_the_last_handed_out
   assert pipeline.k == 2 and batches.state() == {'batch': 1}  # one waits on the device
   assert [int(b['x'][0, 0]) for b in batches] == [1, 2, 3, 4]
   assert batches.state() == {'batch': 5}
+
+
+
+def test_logged_rows_hold_the_allocators_peak_where_the_backend_keeps_one(monkeypatch):
+  """GPUs and TPUs report `peak_bytes_in_use`, and rows hold it in GiB; XLA:CPU reports no
+  statistics, and rows say nothing of memory."""
+  class Device:
+    def __init__(self, stats):
+      self.stats = stats
+
+    def memory_stats(self):
+      return self.stats
+
+  assert loop.device_memory() == {}  # the CPU devices of this suite
+  monkeypatch.setattr(jax, 'local_devices', lambda: [Device({'peak_bytes_in_use': 3 * 2**29})])
+  assert loop.device_memory() == {'peak_memory_gib': 1.5}
