@@ -40,8 +40,8 @@ os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 import flax  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+# torch and transformers are imported where used: they take about 5 s to import on a 2-core
+# machine, which bench/gpu.py's jobs that time t5lite alone (one process each) do not pay.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -121,8 +121,9 @@ def t5lite_step(config, batch: dict):
   return step, {'compile_s': compile_s, 'xla_memory_mib': mib(xla_bytes)}
 
 
-def hf_config(model_cfg, attention: str = 'eager') -> transformers.T5Config:
+def hf_config(model_cfg, attention: str = 'eager') -> 'transformers.T5Config':
   """The Hugging Face T5Config of a t5lite T5 preset (same dims, activation and tying)."""
+  import transformers  # pylint: disable=import-outside-toplevel
   return transformers.T5Config(
       vocab_size=model_cfg.vocab_size, d_model=model_cfg.d_model, d_kv=model_cfg.d_kv,
       d_ff=model_cfg.d_ff, num_layers=model_cfg.num_encoder_layers,
@@ -138,6 +139,8 @@ def torch_step(config, batch: dict, device: str, *, fastest: bool = False):
   """(step, info): `step()` runs forward, backward, clipping and AdamW, as eager HF users do, or
   `fastest`: the model under torch.compile, SDPA attention, fused AdamW (compiled at the first
   steps, which the benchmark's warmup leaves out)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
   torch.manual_seed(config.train.seed)
   model = transformers.T5ForConditionalGeneration(hf_config(
       config_lib.model_config(config), attention='sdpa' if fastest else 'eager'))
@@ -167,6 +170,7 @@ def torch_step(config, batch: dict, device: str, *, fastest: bool = False):
 
 def torch_device() -> str | None:
   """Where torch runs: beside JAX's device kind, or nowhere if JAX has a GPU and torch has not."""
+  import torch  # pylint: disable=import-outside-toplevel
   if jax.default_backend() != 'gpu':
     return 'cpu'
   return 'cuda' if torch.cuda.is_available() else None
@@ -244,6 +248,7 @@ def cpu_peak_memory(name: str, args, framework: str, cache_dir: str) -> dict:
 
 def gpu_peak_memory(framework: str) -> dict:
   """The allocator's peak on the device since the process started (each framework has its own)."""
+  import torch  # pylint: disable=import-outside-toplevel
   if framework == 't5lite':
     peak = (jax.local_devices()[0].memory_stats() or {}).get('peak_bytes_in_use')
   else:
@@ -303,6 +308,8 @@ def add_mfu(row: dict, peak: float, peak_name: str) -> None:
 
 def machine_info() -> dict:
   """What the numbers depend on: processor, cores, memory, library versions, load, date."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
   with open('/proc/cpuinfo', encoding='utf-8') as f:
     cpu = re.search(r'model name\s*:\s*(.*)', f.read())
   with open('/proc/meminfo', encoding='utf-8') as f:
@@ -320,6 +327,7 @@ def machine_info() -> dict:
 
 
 def main(argv=None) -> None:
+  import torch  # pylint: disable=import-outside-toplevel
   args = parse_args(argv)
   # Same threads for both: XLA's CPU client uses every core it may run on; so does torch here.
   torch.set_num_threads(len(os.sched_getaffinity(0)))
