@@ -431,7 +431,8 @@ def logged_rows(workdir: str) -> dict[int, dict]:
 
 def resume(args) -> list[dict]:
   """The run once through, and the same run SIGKILLed past a checkpoint and resumed: each
-  step's loss, bit for bit, and the two runs' saved states at the step it resumed from."""
+  step's loss, bit for bit, and the two runs' saved states at the step it resumed from; and
+  the first run resumed from its own save of that step, against itself."""
   with tempfile.TemporaryDirectory() as folder:
     once, killed = os.path.join(folder, 'once'), os.path.join(folder, 'killed')
     launch_train(once)
@@ -439,6 +440,12 @@ def resume(args) -> list[dict]:
     resumed_from = launch_train(killed)[0] - 1
     a, b = logged_rows(once), logged_rows(killed)
     states_equal = saved_states_equal(once, killed, resumed_from)
+    # the uninterrupted run resumed from its own save: does a save hold what the run held?
+    own = os.path.join(folder, 'own')
+    shutil.copytree(os.path.join(once, 'checkpoints', str(resumed_from)),
+                    os.path.join(own, 'checkpoints', str(resumed_from)))
+    launch_train(own)
+    c = logged_rows(own)
   steps = sorted(a)
   if steps != sorted(b):
     raise RuntimeError(f'logged steps differ: {steps} and {sorted(b)}')
@@ -452,6 +459,8 @@ def resume(args) -> list[dict]:
   return [{'bench': 'gpu_resume', 'flags': run_flags(), 'steps': len(steps),
            'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
            'saved_states_equal': states_equal,
+           'own_save_resumed_equal_losses': sum(c[s]['loss'] == a[s]['loss'] for s in c),
+           'own_save_resumed_steps': len(c),
            'equal_losses': len(steps) - len(differing),
            'first_differing_step': differing[0] if differing else None,
            'max_difference_before_resume': max_difference(s for s in steps if s <= resumed_from),
@@ -460,7 +469,8 @@ def resume(args) -> list[dict]:
            'tokens_per_s': statistics.median(r['tokens_per_s'] for r in timed),
            'mfu': statistics.median(r['mfu'] for r in timed),
            'peak_memory_gib': a[steps[-1]].get('peak_memory_gib'),
-           'pass': not differing and states_equal}]
+           'pass': not differing and states_equal and all(
+               c[s]['loss'] == a[s]['loss'] for s in c)}]
 
 
 def run_config():

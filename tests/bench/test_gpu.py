@@ -101,6 +101,8 @@ def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   assert resume['equal_losses'] == resume['steps'] == 8 and resume['first_differing_step'] is None
   assert resume['resumed_from_step'] in (2, 4, 6)  # a complete checkpoint, every 2 steps
   assert resume['killed_after_step'] > resume['resumed_from_step']  # steps were done again
+  own = resume['own_save_resumed_steps']  # the uninterrupted run, resumed from its own save
+  assert own == 8 - resume['resumed_from_step'] == resume['own_save_resumed_equal_losses']
   assert resume['losses']['once'] == resume['losses']['resumed']
   assert all(8 < loss < 11 for loss in resume['losses']['once'])  # about ln(8192) = 9.0
   plan = by_job['plan'][0]
