@@ -9,13 +9,14 @@ Each job runs in a child process of its own, with its own timeout, and appends i
 --out/gpu.jsonl as it goes (and prints them; children's stderr goes to --out/jobs.log): a crash,
 a hang or an out-of-memory costs that job one row with its error, not the call. The children
 share a persistent compilation cache. The jobs, in order:
-- correctness: 5 float32 t5_tiny steps on the default device equal the same steps on the CPU
-  backend (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's
+- correctness (t5_tiny, two layers a stack): 5 float32 steps on the default device equal the CPU
+  backend's (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's
   over 50 steps memorising one batch; greedy decoding equals `transformers`' generate (on CUDA);
 - attention: each kernel (`xla`; on a GPU also bfloat16 `xla` and `cudnn`) against `einsum`,
   with T5's relative bias, two packed segments and padding, forward and the four gradients;
 - profile: the first preset's baseline step traced with `jax.profiler` beside XLA's HLO dump:
-  device time by instruction, source line and kind (bench/step_profile.py), both archived;
+  device time by instruction, source line, kind and phase (bench/step_profile.py), both
+  archived;
 - hf: the first preset's baseline beside Hugging Face's T5, eager and compiled (SDPA, fused
   AdamW), steps alternating in one process (bench/train_step.py);
 - speed:MODEL:CHANGE: each preset's baseline (bfloat16, 512/114, BASELINE: scanned layers,
@@ -24,7 +25,8 @@ share a persistent compilation cache. The jobs, in order:
   estimate, the allocator's peak, compile time (or its load from the shared cache);
 - resume: `t5lite train` on synthetic batches with checkpoints, once through and once SIGKILLed
   and resumed; every step's loss compared bit for bit (those before the checkpoint it resumed
-  from compare two runs of one config, those after compare resuming);
+  from compare two runs of one config, those after compare resuming), the two runs' saves of
+  that step, and the first run resumed from its own save;
 - plan: `t5lite plan` for this machine (e.g. 1xH200, compiled on it) against the allocator's
   peak that the resume job's run logged.
 On CPU the same jobs run on t5_tiny at tiny shapes (tests/bench/test_gpu.py): every path is
@@ -620,6 +622,7 @@ def run_jobs(chosen: list[Job], args, command=None) -> None:
     with open(log_path, 'a', encoding='utf-8') as log:
       log.write(f'==== {job.name}\n')
       log.flush()
+      job_log_start = log.tell()
       child = subprocess.Popen(command(job), env=child_env, stderr=log, start_new_session=True)
       try:
         returncode = child.wait(timeout=min(job.timeout_s, left))
@@ -631,13 +634,16 @@ def run_jobs(chosen: list[Job], args, command=None) -> None:
     done = [row for row in read_rows(args.out) if row.get('job') == job.name]
     if returncode == 'timeout' or (returncode != 0 and not any('error' in r for r in done)):
       emit({'job': job.name, 'error': f'{returncode} after {seconds} s; see jobs.log',
-            'stderr_tail': log_tail(log_path)}, args.out)
+            'stderr_tail': log_tail(log_path, job_log_start)}, args.out)
     print(f'# {job.name}: exit {returncode} in {seconds} s', file=sys.stderr, flush=True)
 
 
-def log_tail(path: str, lines: int = 3) -> str:
-  with open(path, encoding='utf-8', errors='replace') as f:
-    return ' | '.join(f.read().strip().splitlines()[-lines:])[-600:]
+def log_tail(path: str, start: int, lines: int = 3) -> str:
+  """The last lines a job wrote to the log from byte `start` on."""
+  with open(path, 'rb') as f:
+    f.seek(start)
+    text = f.read().decode('utf-8', errors='replace')
+  return ' | '.join(text.strip().splitlines()[-lines:])[-600:]
 
 
 def main(argv=None) -> int:

@@ -119,11 +119,13 @@ def test_a_job_that_fails_costs_one_row_not_the_run(tmp_path):
   crash = gpu.Job('crash', None, 30)
   hang = gpu.Job('hang', None, 1)
   ok = gpu.Job('ok', None, 30)
-  scripts = {'crash': 'raise SystemExit(3)', 'hang': 'import time; time.sleep(60)',
+  scripts = {'crash': 'import sys; print("boom", file=sys.stderr); raise SystemExit(3)',
+             'hang': 'import time; time.sleep(60)',
              'ok': f'open({str(tmp_path / "gpu.jsonl")!r}, "a").write(\'{{"job": "ok"}}\\n\')'}
   gpu.run_jobs([crash, hang, ok], args, command=lambda job: [sys.executable, '-c',
                                                              scripts[job.name]])
   rows = [json.loads(line) for line in (tmp_path / 'gpu.jsonl').read_text().splitlines()]
   assert [row['job'] for row in rows] == ['crash', 'hang', 'ok']
   assert rows[0]['error'].startswith('3 after') and rows[1]['error'].startswith('timeout after')
+  assert rows[0]['stderr_tail'] == 'boom' and rows[1]['stderr_tail'] == ''  # each its own
   assert 'error' not in rows[2]
