@@ -23,6 +23,7 @@ from flax import nnx
 import numpy as np
 import safetensors.numpy
 
+from t5lite import files
 from t5lite import paths
 from t5lite.models import build, family, registry
 from t5lite.models.architecture import Family
@@ -105,12 +106,13 @@ def _reader(folder: str, config: dict[str, Any]) -> tuple[Family, HfModel]:
     for hf in f.hf:
       if hf.load:
         importable.setdefault(hf.model_type, []).append((f, hf))
-  if config.get('model_type') not in importable:
+  model_type, architectures = config.get('model_type'), config.get('architectures') or []
+  files.check_type(architectures, list, f'{folder}/{CONFIG_FILE}: architectures')
+  if not isinstance(model_type, str) or model_type not in importable:
     models = [hf for same_type in importable.values() for _, hf in same_type]
     raise ValueError(f'{folder} is not a {_listed(models, "or")} checkpoint: '
                      f'model_type={config.get("model_type")!r}')
-  readers = importable[config['model_type']]
-  architectures = config.get('architectures') or []
+  readers = importable[model_type]
   named = [(f, hf) for f, hf in readers if hf.architecture in architectures]
   if len(readers) > 1 and not named:
     raise ValueError(f'{folder} holds architectures={config.get("architectures")}; import reads '
@@ -123,30 +125,34 @@ def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
   """The family and HF model that read a folder, its config.json and every tensor of
   model.safetensors (single or sharded); a local folder or a gs:// one."""
   root = paths.path(folder)
-  config = _read_json(root / CONFIG_FILE, f'{folder} is not a Hugging Face checkpoint')
+  if not (root / CONFIG_FILE).exists():
+    raise ValueError(f'{folder} is not a Hugging Face checkpoint: no {CONFIG_FILE}')
+  config = files.read_json(root / CONFIG_FILE)
   reader = _reader(folder, config)
-  if (root / INDEX_FILE).is_file():
-    files = sorted(set(_read_json(root / INDEX_FILE, folder).get('weight_map', {}).values()))
-  elif (root / WEIGHTS_FILE).is_file():
-    files = [WEIGHTS_FILE]
+  if (root / INDEX_FILE).exists():
+    weight_files = _sharded_files(root / INDEX_FILE)
+  elif (root / WEIGHTS_FILE).exists():
+    weight_files = [WEIGHTS_FILE]
   else:
     raise ValueError(f'{folder} has no {WEIGHTS_FILE} (PyTorch .bin checkpoints are not read)')
   tensors = {}
-  for name in files:
+  for name in weight_files:
+    raw = files.read_bytes(root / name)
     try:
-      tensors.update(safetensors.numpy.load((root / name).read_bytes()))
-    except (OSError, safetensors.SafetensorError) as error:
+      tensors.update(safetensors.numpy.load(raw))
+    except (safetensors.SafetensorError, ValueError) as error:
       raise ValueError(f'{root / name} cannot be read ({error}); is it complete?') from None
   return reader, config, tensors
 
 
-def _read_json(file, what: str) -> dict:
-  if not file.is_file():
-    raise ValueError(f'{what}: no {file.name}')
-  try:
-    return json.loads(file.read_text())
-  except (ValueError, UnicodeDecodeError) as error:
-    raise ValueError(f'{file} is not JSON ({error})') from None
+def _sharded_files(index) -> list[str]:
+  """The safetensors files a sharded checkpoint's index names, each a file of its folder."""
+  weight_map = files.read_json(index).get('weight_map', {})
+  files.check_type(weight_map, dict, f'{index}: weight_map')
+  for name in weight_map.values():
+    if not isinstance(name, str) or os.path.basename(name) != name or name in ('', '.', '..'):
+      raise ValueError(f'{index}: weight_map names {name!r}, not a file of its folder')
+  return sorted(set(weight_map.values()))
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
@@ -168,11 +174,15 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
         raise ValueError(f'{subfolder} holds architectures={config.get("architectures")}, '
                          f'not {beside.architecture}')
       models.append((beside, subfolder, config, tensors))
-  loaded = [(hf, where, *hf.load(config, tensors)) for hf, where, config, tensors in models]
+  loaded = [(hf, where, *_load(hf, where, config, tensors))
+            for hf, where, config, tensors in models]
   fields = {}
   for _, _, model_fields, _ in reversed(loaded):  # the folder's own model decides
     fields.update(model_fields)
-  cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
+  try:
+    cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
+  except ValueError as error:
+    raise ValueError(f'{folder}/{CONFIG_FILE}: {error}') from None
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
   shapes = dict(flatten(nnx.to_pure_dict(nnx.state(abstract, nnx.Param))))
@@ -190,6 +200,20 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
       node = node.setdefault(key, {})
     node[path[-1]] = value
   return cfg, stack_layers(params) if cfg.scan_layers else params
+
+
+def _load(hf: HfModel, folder: str, config: dict, tensors: dict) -> tuple[dict, dict]:
+  """`hf.load` of a folder's config.json and tensors: a setting or tensor it lacks, or a setting
+  of a type its arithmetic cannot take ("256" // 4), is one line naming the file."""
+  try:
+    return hf.load(config, tensors)
+  except KeyError as error:
+    name = error.args[0]
+    file = WEIGHTS_FILE if '.' in str(name) else CONFIG_FILE  # HF's tensor names have dots
+    raise ValueError(f'{folder}/{file} has no {name!r}') from None
+  except (TypeError, ArithmeticError) as error:
+    raise ValueError(f'{folder}/{CONFIG_FILE} holds a setting of the wrong type ({error})'
+                     ) from None
 
 
 def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, np.ndarray],
