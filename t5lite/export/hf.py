@@ -92,10 +92,12 @@ def _write_model(flat: dict[tuple, Any], cfg: ModelConfig, hf: HfModel, out_dir:
   if hf.extra:
     tensors.update(hf.extra(cfg))
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, CONFIG_FILE), 'w') as f:
+  config_file, weights_file = os.path.join(out_dir, CONFIG_FILE), os.path.join(out_dir, WEIGHTS_FILE)
+  with open(config_file, 'w') as f:
     json.dump(hf_config(cfg, hf), f, indent=2)
-  safetensors.numpy.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
-                              metadata={'format': 'pt'})
+  safetensors.numpy.save_file(tensors, weights_file, metadata={'format': 'pt'})
+  # safetensors creates its file private (0600); the export's files share one mode
+  os.chmod(weights_file, os.stat(config_file).st_mode & 0o777)
 
 
 def _reader(folder: str, config: dict[str, Any]) -> tuple[Family, HfModel]:
