@@ -222,12 +222,17 @@ def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, n
                 shapes: dict[tuple, Any]) -> dict[tuple, np.ndarray]:
   """Our params (path -> array of its shape in `shapes`) from the tensors `hf.table` names."""
   by_tensor = _by_tensor(hf.table(cfg))
+  sharded = (paths.path(folder) / INDEX_FILE).exists()
+  weights = os.path.join(folder, INDEX_FILE if sharded else WEIGHTS_FILE)  # in messages
   missing = [name for name in by_tensor if tensors.get(name) is None]
   if missing:
-    raise ValueError(f'{folder} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
+    raise ValueError(f'{weights} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
   flat = {}
   for name, rows in by_tensor.items():
-    values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+    try:
+      values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+    except ValueError as error:
+      raise ValueError(f'{weights}: {error}') from None
     flat.update((row.path, value) for row, value in zip(rows, values))
   return flat
 
