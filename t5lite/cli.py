@@ -13,6 +13,8 @@ import os
 import sys
 import warnings
 
+from t5lite import paths
+
 COMMANDS = {}
 
 
@@ -306,6 +308,10 @@ AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1
 
 
 def check_counts(args) -> None:
+  """Refuses counts below their least, and places no file system can hold."""
+  for flag in ('workdir', 'out'):
+    if getattr(args, flag, None):
+      paths.check_name(getattr(args, flag), f'--{flag}')
   for name, minimum in AT_LEAST.items():
     value = getattr(args, name, None)
     if value is not None and value < minimum:

@@ -14,6 +14,7 @@ import traceback
 
 import ml_collections
 
+from t5lite import files
 from t5lite import paths
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
@@ -178,9 +179,9 @@ def load(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/preset.py` or `path/to/preset.py:arg` (arg goes to get_config, big_vision
   style). Whatever goes wrong inside the file is one line naming it."""
   path, _, arg = spec.partition(':')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config file not found: {path}' + (
-        ' (a folder)' if os.path.isdir(path) else ''))
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'config file not found: {path}')
+  files.check_file(path, '--config')
   module_spec = importlib.util.spec_from_file_location(f'_t5lite_config_{abs(hash(path))}', path)
   module = importlib.util.module_from_spec(module_spec)
   try:
@@ -246,29 +247,38 @@ def _parse_like(current, text: str, key: str):
 def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   """The config a run saved in `workdir` (its config.json), read with `from_saved`."""
   path = paths.path(workdir) / 'config.json'
-  if not path.is_file():
+  if not path.exists():
     raise FileNotFoundError(f'{workdir} is not a t5lite workdir: no {path}')
-  try:
-    saved = json.loads(path.read_text())
-    if not isinstance(saved, dict) or not all(isinstance(saved.get(section), dict)
-                                              for section in ('model', 'data', 'train')):
-      raise ValueError('no model, data and train sections')
-    return from_saved(saved)
-  except (ValueError, UnicodeDecodeError, AttributeError) as error:
-    raise ValueError(f'{path} is not a saved t5lite config ({error})') from None
+  saved = files.read_json(path)
+  missing = [name for name in ('model', 'data', 'train') if not isinstance(saved.get(name), dict)]
+  if missing:
+    raise ValueError(f'{path} is not a saved t5lite config: no {missing[0]} section')
+  config = from_saved(saved, str(path))
+  try:  # what a run saved passed these; a value edited out of range since is the file's fault
+    validate(config)
+    model_config(config)
+  except ValueError as error:
+    raise ValueError(f'{path}: {error}') from None
+  return config
 
 
-def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A run's saved config (its workdir's config.json) over today's `base_config()`, so that
-  settings added to t5lite since the run was saved take their defaults."""
-  def merge(section: ml_collections.ConfigDict, values: dict) -> None:
+def from_saved(saved: dict, where: str = 'the saved config') -> ml_collections.ConfigDict:
+  """A run's saved config (its workdir's config.json, named `where` in messages) over today's
+  `base_config()`, so that settings added to t5lite since the run was saved take their defaults.
+  A known setting of another type than today's (null, "64" for 64) is refused in one line;
+  unknown ones are kept for `model_config` to name."""
+  def merge(section: ml_collections.ConfigDict, values: dict, prefix: str) -> None:
     for key, value in values.items():
-      if isinstance(value, dict) and isinstance(section.get(key), ml_collections.ConfigDict):
-        merge(section[key], value)
-      else:
-        section[key] = value
+      current = section.get(key)
+      if isinstance(current, ml_collections.ConfigDict):
+        files.check_type(value, dict, f'{where}: {prefix}{key}')
+        merge(current, value, f'{prefix}{key}.')
+        continue
+      if key in section:
+        files.check_type(value, type(current), f'{where}: {prefix}{key}')
+      section[key] = value
   config = base_config()
-  merge(config, saved)
+  merge(config, saved, '')
   if config.model.arch == 'electra' and config.data.objective == 'mlm':  # saved before 2026-11
     config.data.objective = 'electra'
   return config

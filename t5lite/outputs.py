@@ -18,11 +18,12 @@ write.
 `writing` yields a hidden temporary sibling of the output, which takes the output's place only
 when the block completes (a rename; into an existing folder, one rename per file), so an
 exception mid-write leaves the earlier output as it was and no temporary behind; a kill can leave
-the hidden temporary, never a half-written file.
+the hidden temporary, never a half-written file, and the next write of that output removes it.
 """
 
 import contextlib
-import json
+import glob
+import hashlib
 import os
 import secrets
 import shutil
@@ -32,6 +33,7 @@ from typing import Callable, Collection, Iterator
 
 from etils import epath
 
+from t5lite import files
 from t5lite import paths
 
 
@@ -122,7 +124,10 @@ def writing(path: str, *, folder: bool = False) -> Iterator[str]:
   parent = os.fspath(out.parent)
   created = next((f for f in reversed(list(paths.ancestors(out.parent))) if not f.exists()), None)
   os.makedirs(parent, exist_ok=True)
-  temp = os.path.join(parent, f'.{out.name}.{secrets.token_hex(4)}.tmp')
+  prefix = _temporary_prefix(out.name)
+  for stale in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + '*.tmp')):
+    _remove(stale)  # of a write of this output that was killed
+  temp = os.path.join(parent, f'{prefix}{secrets.token_hex(4)}.tmp')
   try:
     if folder:
       os.mkdir(temp)
@@ -135,13 +140,26 @@ def writing(path: str, *, folder: bool = False) -> Iterator[str]:
         os.replace(os.path.join(temp, name), out / name)
       shutil.rmtree(temp)
   except BaseException:
-    if os.path.isdir(temp):
-      shutil.rmtree(temp)
-    elif os.path.lexists(temp):
-      os.remove(temp)
+    _remove(temp)
     if created:
       shutil.rmtree(created, ignore_errors=True)
     raise
+
+
+def _temporary_prefix(name: str) -> str:
+  """How the hidden temporaries of the output `name` begin ('.hf.1a2b3c4d.'; a random token and
+  '.tmp' follow): short enough for a name (NAME_MAX) whatever `name`'s length, and told apart
+  from other outputs' by a digest of the whole name."""
+  digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+  stem = os.fsencode(name)[:paths.NAME_MAX - 32].decode(errors='ignore')
+  return f'.{stem}.{digest}.'
+
+
+def _remove(path: str) -> None:
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path)
+  elif os.path.lexists(path):
+    os.remove(path)
 
 
 def _upload(local: str, out: epath.Path, folder: bool) -> None:
@@ -172,7 +190,7 @@ def is_jsonl_of(path: epath.Path, keys: Collection[str]) -> bool:
 
 def _is_object_of(line: str, keys: Collection[str]) -> bool:
   try:
-    row = json.loads(line)
+    row = files.parse_json(line, 'a line')
   except ValueError:
     return False
   return isinstance(row, dict) and row.keys() == set(keys)

@@ -27,6 +27,24 @@ def path(name: str | os.PathLike) -> epath.Path:
   return epath.Path(os.path.realpath(name))
 
 
+# Linux's limits, in bytes: of one name in a path (ext4, XFS, tmpfs...) and of a whole path.
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_name(name: str, flag: str) -> None:
+  """Refuses a local path no file system here can hold (a name over NAME_MAX bytes, a path over
+  PATH_MAX), before a command creates anything on the way to it."""
+  if is_uri(name):
+    return
+  full = os.fsencode(os.path.abspath(name))
+  longest = max(full.split(b'/'), key=len)
+  if len(longest) > NAME_MAX:
+    raise ValueError(f'{flag}={name}: a name in it is {len(longest)} bytes long; file names hold '
+                     f'at most {NAME_MAX}')
+  if len(full) >= PATH_MAX:
+    raise ValueError(f'{flag}={name} is {len(full)} bytes long; paths hold at most {PATH_MAX - 1}')
+
+
 def ancestors(place: epath.Path) -> list[epath.Path]:
   """`place` and each folder above it, up to the root, or up to the bucket of a URI."""
   chain = [place, *place.parents]

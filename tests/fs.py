@@ -7,15 +7,19 @@ import os
 
 
 def snapshot(directory) -> dict[str, str]:
-  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'."""
+  """Every folder and file under `directory`, files with their SHA-256: 'nothing changed'. A FIFO
+or other special file is noted as such, never opened (that would block)."""
   found = {}
   for root, folders, files in os.walk(directory):
     for name in folders:
       found[os.path.relpath(os.path.join(root, name), directory)] = 'folder'
     for name in files:
-      with open(os.path.join(root, name), 'rb') as f:
-        found[os.path.relpath(os.path.join(root, name), directory)] = hashlib.sha256(
-            f.read()).hexdigest()
+      path = os.path.join(root, name)
+      if not os.path.isfile(path):
+        found[os.path.relpath(path, directory)] = 'special'
+        continue
+      with open(path, 'rb') as f:
+        found[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
   return found
 
 

@@ -14,6 +14,7 @@ step) are tests of their own at the end.
 """
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -157,6 +158,24 @@ class Setup:
     with open(os.path.join(folder, name), 'w', encoding='utf-8') as f:
       f.write(content)
     return folder
+
+  def append(self, folder: str, name: str, content: str) -> str:
+    """`folder` with `content` added at the end of its file `name`."""
+    with open(os.path.join(folder, name), 'a', encoding='utf-8') as f:
+      f.write(content)
+    return folder
+
+  def replace_with_file(self, folder: str, name: str) -> str:
+    """`folder` with its subfolder `name` replaced by a file of that name."""
+    shutil.rmtree(os.path.join(folder, name))
+    return self.overwrite(folder, name, 'notes')
+
+  def edit_json(self, folder: str, name: str, keys: tuple[str, ...], value) -> str:
+    """`folder` with the value at `keys` in its JSON file `name` set to `value`."""
+    with open(os.path.join(folder, name), encoding='utf-8') as f:
+      saved = json.load(f)
+    functools.reduce(lambda node, key: node[key], keys[:-1], saved)[keys[-1]] = value
+    return self.overwrite(folder, name, json.dumps(saved))
 
   def config_file(self, name: str) -> str:
     return self.file(name, BAD_CONFIGS[name])
@@ -385,6 +404,26 @@ def mistakes() -> list[Case]:
            lambda s: ['train', '--workdir=' + s.overwrite(s.run, 'config.json', '{"model": {'),
                       '--config.train.steps=4'],
            'config.json', 'run'),
+      # a workdir's files, damaged (issue #29; tests/test_damaged_files.py fuzzes them)
+      Case('train-resume-config-json-null',
+           lambda s: ['train', '--workdir=' + s.edit_json(s.run, 'config.json', ('train', 'steps'),
+                                                          None), '--config.train.steps=4'],
+           lambda s: f'{s.run}/config.json', 'run'),
+      Case('train-resume-metrics-row-without-step',
+           lambda s: ['train', '--workdir=' + s.append(s.run, 'metrics.jsonl', '{"loss": 1.0}\n'),
+                      '--config.train.steps=4'],
+           lambda s: f'{s.run}/metrics.jsonl:', 'run'),
+      Case('train-resume-checkpoints-a-file',
+           lambda s: ['train', '--workdir=' + s.replace_with_file(s.run, 'checkpoints'),
+                      '--config.train.steps=4'],
+           lambda s: f'{s.run}/checkpoints', 'run'),
+      Case('train-workdir-name-too-long',
+           lambda s: ['train', f'--workdir={s.new}/{"w" * 256}', *TINY_RUN,
+                      f'--config.data.source={s.world.text}'], '--workdir', 'new'),
+      Case('import-hf-config-json-d-model-null',
+           lambda s: ['import-hf', '--hf=' + s.edit_json(s.hf, 'config.json', ('d_model',), None),
+                      f'--workdir={s.new}'],
+           lambda s: f'{s.hf}/config.json', 'new'),
       # eval
       Case('eval-not-a-workdir', lambda s: ['eval', f'--workdir={s.folder_with("runs")}'],
            lambda s: s.path('runs'), 'case'),

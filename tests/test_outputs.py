@@ -183,6 +183,21 @@ def test_writing_renames_a_hidden_sibling_into_place(tmp_path, folder):
   assert not folder or os.stat(out).st_mode == os.stat(tmp_path / 'made_by_mkdir').st_mode
 
 
+def test_writing_removes_what_a_killed_write_left_and_fits_any_name(tmp_path):
+  """A kill leaves the hidden temporary; the next write of that output removes it, not another
+  output's. An output named with 255 bytes still has a temporary the file system can hold."""
+  with outputs.writing(str(tmp_path / 'hf'), folder=True) as temp:
+    temporary = os.path.basename(temp)
+  (tmp_path / temporary).mkdir()  # what a kill during that write would have left
+  (tmp_path / '.hf2.12345678.dead.tmp').mkdir()  # another output's
+  name = 'o' * 255
+  for out in ('hf', name):
+    with outputs.writing(str(tmp_path / out), folder=True) as temp:
+      with open(os.path.join(temp, 'config.json'), 'w') as f:
+        f.write('{}')
+  assert sorted(os.listdir(tmp_path)) == ['.hf2.12345678.dead.tmp', 'hf', name]
+
+
 # End to end: `t5lite COMMAND` in-process on a workdir trained once for the module.
 
 

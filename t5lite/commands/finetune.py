@@ -172,6 +172,9 @@ class KeepBest:
   (ties: lower loss). Opened at the first evaluation: a run refused before it changes nothing."""
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict):
+    if paths.path(directory).exists() and not paths.path(directory).is_dir():
+      raise ValueError(f'{directory} is not a folder; a fine-tuning run keeps its best '
+                       'checkpoint there')
     self.directory, self.config, self.checkpointer = directory, config, None
     self.best_step = None  # known once closed, if this run evaluated
 

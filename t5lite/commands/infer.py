@@ -7,8 +7,8 @@ import jax
 import numpy as np
 
 from t5lite import config as config_lib
+from t5lite import files
 from t5lite import outputs as outputs_lib
-from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.models import decoding, family
 from t5lite.train import mesh as mesh_lib
@@ -27,23 +27,22 @@ def read_inputs(texts: list[str], input_file: str | None = None, key: str = 'inp
       raise ValueError(f'--input number {number} is empty')
     inputs.append(text)
   if input_file:
-    file = paths.path(input_file)
-    if not file.is_file():
-      raise FileNotFoundError(f'no such input file: --input_file={input_file}')
-    with file.open() as f:
-      for number, line in enumerate(f, 1):
-        text = line.rstrip('\r\n')
-        if input_file.endswith('.jsonl') and text.strip():
-          try:
-            text = json.loads(text)[key]
-          except (ValueError, KeyError, TypeError):
-            text = None
-          if not isinstance(text, str):
-            raise ValueError(f'{input_file} line {number} is not a JSON object with a string '
-                             f'"{key}" field')
-        if not text.strip():
-          raise ValueError(f'{input_file} line {number} is empty: give one input per line')
-        inputs.append(text)
+    lines = files.read_text(input_file, '--input_file').split('\n')
+    if lines[-1] == '':
+      lines.pop()  # the file's last line ends in a newline
+    if not lines:
+      raise ValueError(f'--input_file: {input_file} is empty: give one input per line')
+    for number, line in enumerate(lines, 1):
+      text = line.rstrip('\r')
+      if input_file.endswith('.jsonl') and text.strip():
+        row = files.parse_json(text, f'{input_file} line {number}')
+        text = row.get(key) if isinstance(row, dict) else None
+        if not isinstance(text, str):
+          raise ValueError(f'{input_file} line {number} is not a JSON object with a string '
+                           f'"{key}" field')
+      if not text.strip():
+        raise ValueError(f'{input_file} line {number} is empty: give one input per line')
+      inputs.append(text)
   if not inputs:
     raise ValueError('nothing to decode: give --input=TEXT or --input_file=FILE')
   return inputs

@@ -113,8 +113,10 @@ def parse_topology(text: str) -> Topology:
     if not rest and first <= chips <= last and chips & (chips - 1) == 0 and chips != 2:
       grid = 'x'.join(map(str, tpu_grid(chips, chip.grid_dims)))
       return Topology(f'{generation}-{match[2]}', 'tpu', chips, chip, f'{generation}:{grid}')
-    raise ValueError(f'no TPU slice {text!r}: slices here have a power-of-two number of chips '
-                     f'(v4-8 and v5p-8 upwards, v5e/v6e-1 and -4 to -256)')
+    sizes = [n * chip.cores_in_name for n in (2**k for k in range(last.bit_length()))
+             if first <= n <= last and n != 2]
+    raise ValueError(f'no TPU slice {text!r}: the {generation} slices are {match[1]}-{sizes[0]}, '
+                     f'-{sizes[1]}, -{sizes[2]}, ... (doubling) up to -{sizes[-1]}')
   raise ValueError(f'unknown topology {text!r}; use {FORMS}')
 
 

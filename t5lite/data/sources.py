@@ -15,9 +15,7 @@ versions and platforms), so a document and its duplicates are all in one split.
 
 import collections
 import glob
-import gzip
 import importlib.resources
-import json
 import lzma
 import os
 import re
@@ -27,6 +25,7 @@ from absl import logging
 import numpy as np
 from t5lite.data.tf_setup import tf
 
+from t5lite import files
 from t5lite import paths
 
 BUNDLED = 'bundled'
@@ -35,55 +34,52 @@ SPLITS = ('train', 'validation', 'all')
 
 _HASH_BUCKETS = 1 << 20
 _BLANK_LINES = re.compile(rb'\n(?:[ \t\r\f\v]*\n)+')
-_OPENERS = {'.gz': gzip.decompress, '.xz': lzma.decompress, '': lambda raw: raw}
 
 
-def read_documents(source: str | Sequence[str], text_key: str = 'text'):
+def read_documents(source: str | Sequence[str], text_key: str = 'text',
+                   flag: str = 'data.source'):
   """(documents, skipped) of an in-memory source; `skipped` counts what was dropped and why.
 
-  Raises ValueError with one line for a missing file, a glob matching nothing, an unsupported
-  file type or a source without any text.
+  Raises ValueError with one line naming `flag` (what gave the source) and the file for a missing
+  or unreadable file (t5lite/files.py), a glob matching nothing, an unsupported file type or a
+  source without any text.
   """
   patterns = source.split(',') if isinstance(source, str) else list(source)
   documents, skipped = [], collections.Counter()
   for pattern in (p.strip() for p in patterns):
     if pattern.startswith(TFDS_PREFIX):
       raise ValueError(f'{pattern}: TFDS sources are streamed; read text files here instead')
-    for name, raw in _raw_files(pattern):
-      documents += _parse(name, raw, text_key, skipped)
+    for name, kind, raw in _raw_files(pattern, flag):
+      documents += _parse(kind, raw, text_key, skipped)
+  if not documents:
+    raise ValueError(f'{flag} {source!r} holds no text (skipped: {dict(skipped)})')
   if skipped:
     logging.warning('data source %s: skipped %s', source, dict(skipped))
-  if not documents:
-    raise ValueError(f'data.source {source!r} holds no text (skipped: {dict(skipped)})')
   return documents, skipped
 
 
-def _raw_files(pattern: str):
-  """(name, bytes) of each file of one pattern, sorted so that the corpus order is fixed."""
+def _raw_files(pattern: str, flag: str):
+  """(name, kind, decompressed bytes) of each file of one pattern, sorted so that the corpus
+  order is fixed; kind is '.txt' or '.jsonl'."""
   if pattern == BUNDLED:
     path = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
-    yield 'corpus.jsonl.xz', path.read_bytes()
+    yield 'corpus.jsonl.xz', '.jsonl', lzma.decompress(path.read_bytes())
     return
   names = [pattern]
   if glob.has_magic(pattern):  # TensorFlow's glob for gs:// patterns
     names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
   if not names:
-    raise ValueError(f'data.source: the pattern {pattern!r} matches no files')
+    raise ValueError(f'{flag}: the pattern {pattern!r} matches no files')
   for name in names:
-    if not paths.path(name).is_file():
-      raise ValueError(f'data.source: no such file {name!r}')
-    yield name, paths.path(name).read_bytes()
+    stem, compression = os.path.splitext(name)
+    kind = os.path.splitext(stem if compression in files.COMPRESSIONS else name)[1]
+    if kind not in ('.txt', '.jsonl'):
+      raise ValueError(f'{flag}: {name} is neither .txt nor .jsonl (optionally .gz/.xz)')
+    yield name, kind, files.read_bytes(name, flag)
 
 
-def _parse(name: str, raw: bytes, text_key: str, skipped: collections.Counter) -> list[str]:
+def _parse(kind: str, raw: bytes, text_key: str, skipped: collections.Counter) -> list[str]:
   """Documents of one file's bytes; bad pieces are counted in `skipped`, never fatal."""
-  stem, compression = os.path.splitext(name)
-  if compression not in _OPENERS:
-    stem, compression = name, ''
-  kind = os.path.splitext(stem)[1]
-  if kind not in ('.txt', '.jsonl'):
-    raise ValueError(f'data.source: {name} is neither .txt nor .jsonl (optionally .gz/.xz)')
-  raw = _OPENERS[compression](raw)
   if not raw.strip():
     skipped['empty_files'] += 1
     return []
@@ -110,10 +106,10 @@ def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
 
 def _json_text(line: str, text_key: str, skipped: collections.Counter) -> str | None:
   try:
-    text = json.loads(line)[text_key]
-  except (json.JSONDecodeError, KeyError, TypeError, IndexError):
-    skipped[f'lines_without_{text_key}'] += 1
-    return None
+    row = files.parse_json(line, 'a line')
+  except ValueError:
+    row = None
+  text = row.get(text_key) if isinstance(row, dict) else None
   if not isinstance(text, str):
     skipped[f'lines_without_{text_key}'] += 1
     return None

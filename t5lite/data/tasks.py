@@ -26,7 +26,6 @@ with empty rows, which count for nothing.
 import dataclasses
 import functools
 import importlib.resources
-import json
 from typing import NamedTuple
 
 from absl import logging
@@ -34,6 +33,7 @@ import ml_collections
 import numpy as np
 from t5lite.data.tf_setup import tf
 
+from t5lite import files
 from t5lite import paths
 from t5lite.data import packing
 from t5lite.data import batches
@@ -92,10 +92,7 @@ def read_records(name: str, text: str, keys: tuple[str, ...]) -> list[tuple[int,
 
 
 def _json_values(name: str, number: int, line: str, keys: tuple[str, ...]) -> tuple:
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError:
-    record = None
+  record = files.parse_json(line, f'{name}:{number}')
   if not isinstance(record, dict):
     raise ValueError(f'{name}:{number}: not a JSON object')
   for key in keys:
@@ -120,11 +117,10 @@ def sentiment_examples() -> dict[str, list[Example]]:
 def file_examples(path: str, inputs_key: str, targets_key: str,
                   validation_fraction: float) -> dict[str, list[Example]]:
   """A .tsv/.jsonl task file's examples, held out by a stable hash of the input text."""
-  file = paths.path(path)
-  if not file.is_file():
+  if not paths.path(path).exists():
     raise FileNotFoundError(f'data.task: no such file {path!r} (or name a bundled task: '
                             f'{SENTIMENT})')
-  records = read_records(path, file.read_text(), (inputs_key, targets_key))
+  records = read_records(path, files.read_text(path, 'data.task'), (inputs_key, targets_key))
   for number, (inputs, targets) in records:
     if not inputs.strip():
       raise ValueError(f'{path}:{number}: empty input')

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import sentencepiece as spm
 
+from t5lite import files
 from t5lite import outputs
 from t5lite import paths
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
@@ -105,10 +106,10 @@ def load_vocabulary(name: str = BUNDLED) -> Vocabulary:
   """'bundled' (the package's vocab.model) or the path of a SentencePiece .model."""
   if name == BUNDLED:
     proto = importlib.resources.files('t5lite.data').joinpath('bundled/vocab.model').read_bytes()
-  elif paths.path(name).is_file():
-    proto = paths.path(name).read_bytes()
-  else:
+  elif not paths.path(name).exists():
     raise ValueError(f'data.vocabulary: no such file {name!r} (use "bundled" or a .model path)')
+  else:
+    proto = files.read_bytes(name, 'data.vocabulary')
   try:
     return Vocabulary(proto, name)
   except RuntimeError as error:  # SentencePiece's parse error
@@ -125,7 +126,7 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
   """
   from t5lite.data import sources  # TensorFlow's: a run that reads no text never loads it
   outputs.check_folder(out_dir, (VOCAB_FILE,), overwrite=overwrite)
-  documents, _ = sources.read_documents(inputs, text_key)
+  documents, _ = sources.read_documents(inputs, text_key, flag='--input')
   sentences = (s for doc in documents for s in _SENTENCE_BREAK.split(doc) if s.strip())
   model = io.BytesIO()
   spm.set_random_generator_seed(0)  # input sampling, for corpora above input_sentence_size
@@ -136,7 +137,7 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
         character_coverage=0.9999, max_sentence_length=16384, input_sentence_size=10_000_000,
         shuffle_input_sentence=True, num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:  # e.g. "... Vocabulary size too high (50000). Please set it ..."
-    raise ValueError(f'--vocab_size={vocab_size}: '
+    raise ValueError(f'--vocab_size={vocab_size} does not fit --input {inputs}: '
                      f'{str(error).splitlines()[-1].split("] ")[-1]}') from None
   with outputs.writing(out_dir, folder=True) as temp:
     with open(os.path.join(temp, VOCAB_FILE), 'wb') as f:

@@ -23,6 +23,7 @@ from flax import nnx
 import numpy as np
 import safetensors.numpy
 
+from t5lite import files
 from t5lite import paths
 from t5lite.models import build, family, registry
 from t5lite.models.architecture import Family
@@ -91,10 +92,12 @@ def _write_model(flat: dict[tuple, Any], cfg: ModelConfig, hf: HfModel, out_dir:
   if hf.extra:
     tensors.update(hf.extra(cfg))
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, CONFIG_FILE), 'w') as f:
+  config_file, weights_file = os.path.join(out_dir, CONFIG_FILE), os.path.join(out_dir, WEIGHTS_FILE)
+  with open(config_file, 'w') as f:
     json.dump(hf_config(cfg, hf), f, indent=2)
-  safetensors.numpy.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
-                              metadata={'format': 'pt'})
+  safetensors.numpy.save_file(tensors, weights_file, metadata={'format': 'pt'})
+  # safetensors creates its file private (0600); the export's files share one mode
+  os.chmod(weights_file, os.stat(config_file).st_mode & 0o777)
 
 
 def _reader(folder: str, config: dict[str, Any]) -> tuple[Family, HfModel]:
@@ -105,12 +108,13 @@ def _reader(folder: str, config: dict[str, Any]) -> tuple[Family, HfModel]:
     for hf in f.hf:
       if hf.load:
         importable.setdefault(hf.model_type, []).append((f, hf))
-  if config.get('model_type') not in importable:
+  model_type, architectures = config.get('model_type'), config.get('architectures') or []
+  files.check_type(architectures, list, f'{folder}/{CONFIG_FILE}: architectures')
+  if not isinstance(model_type, str) or model_type not in importable:
     models = [hf for same_type in importable.values() for _, hf in same_type]
     raise ValueError(f'{folder} is not a {_listed(models, "or")} checkpoint: '
                      f'model_type={config.get("model_type")!r}')
-  readers = importable[config['model_type']]
-  architectures = config.get('architectures') or []
+  readers = importable[model_type]
   named = [(f, hf) for f, hf in readers if hf.architecture in architectures]
   if len(readers) > 1 and not named:
     raise ValueError(f'{folder} holds architectures={config.get("architectures")}; import reads '
@@ -123,30 +127,34 @@ def _read_folder(folder: str) -> tuple[tuple[Family, HfModel], dict[str, Any],
   """The family and HF model that read a folder, its config.json and every tensor of
   model.safetensors (single or sharded); a local folder or a gs:// one."""
   root = paths.path(folder)
-  config = _read_json(root / CONFIG_FILE, f'{folder} is not a Hugging Face checkpoint')
+  if not (root / CONFIG_FILE).exists():
+    raise ValueError(f'{folder} is not a Hugging Face checkpoint: no {CONFIG_FILE}')
+  config = files.read_json(root / CONFIG_FILE)
   reader = _reader(folder, config)
-  if (root / INDEX_FILE).is_file():
-    files = sorted(set(_read_json(root / INDEX_FILE, folder).get('weight_map', {}).values()))
-  elif (root / WEIGHTS_FILE).is_file():
-    files = [WEIGHTS_FILE]
+  if (root / INDEX_FILE).exists():
+    weight_files = _sharded_files(root / INDEX_FILE)
+  elif (root / WEIGHTS_FILE).exists():
+    weight_files = [WEIGHTS_FILE]
   else:
     raise ValueError(f'{folder} has no {WEIGHTS_FILE} (PyTorch .bin checkpoints are not read)')
   tensors = {}
-  for name in files:
+  for name in weight_files:
+    raw = files.read_bytes(root / name)
     try:
-      tensors.update(safetensors.numpy.load((root / name).read_bytes()))
-    except (OSError, safetensors.SafetensorError) as error:
+      tensors.update(safetensors.numpy.load(raw))
+    except (safetensors.SafetensorError, ValueError) as error:
       raise ValueError(f'{root / name} cannot be read ({error}); is it complete?') from None
   return reader, config, tensors
 
 
-def _read_json(file, what: str) -> dict:
-  if not file.is_file():
-    raise ValueError(f'{what}: no {file.name}')
-  try:
-    return json.loads(file.read_text())
-  except (ValueError, UnicodeDecodeError) as error:
-    raise ValueError(f'{file} is not JSON ({error})') from None
+def _sharded_files(index) -> list[str]:
+  """The safetensors files a sharded checkpoint's index names, each a file of its folder."""
+  weight_map = files.read_json(index).get('weight_map', {})
+  files.check_type(weight_map, dict, f'{index}: weight_map')
+  for name in weight_map.values():
+    if not isinstance(name, str) or os.path.basename(name) != name or name in ('', '.', '..'):
+      raise ValueError(f'{index}: weight_map names {name!r}, not a file of its folder')
+  return sorted(set(weight_map.values()))
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
@@ -168,11 +176,15 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
         raise ValueError(f'{subfolder} holds architectures={config.get("architectures")}, '
                          f'not {beside.architecture}')
       models.append((beside, subfolder, config, tensors))
-  loaded = [(hf, where, *hf.load(config, tensors)) for hf, where, config, tensors in models]
+  loaded = [(hf, where, *_load(hf, where, config, tensors))
+            for hf, where, config, tensors in models]
   fields = {}
   for _, _, model_fields, _ in reversed(loaded):  # the folder's own model decides
     fields.update(model_fields)
-  cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
+  try:
+    cfg = ModelConfig(**{'arch': imported.arch, **fields, **overrides})
+  except ValueError as error:
+    raise ValueError(f'{folder}/{CONFIG_FILE}: {error}') from None
   unrolled = dataclasses.replace(cfg, scan_layers=False)
   abstract = nnx.eval_shape(lambda: build(unrolled, nnx.Rngs(0)))
   shapes = dict(flatten(nnx.to_pure_dict(nnx.state(abstract, nnx.Param))))
@@ -192,16 +204,35 @@ def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
   return cfg, stack_layers(params) if cfg.scan_layers else params
 
 
+def _load(hf: HfModel, folder: str, config: dict, tensors: dict) -> tuple[dict, dict]:
+  """`hf.load` of a folder's config.json and tensors: a setting or tensor it lacks, or a setting
+  of a type its arithmetic cannot take ("256" // 4), is one line naming the file."""
+  try:
+    return hf.load(config, tensors)
+  except KeyError as error:
+    name = error.args[0]
+    file = WEIGHTS_FILE if '.' in str(name) else CONFIG_FILE  # HF's tensor names have dots
+    raise ValueError(f'{folder}/{file} has no {name!r}') from None
+  except (TypeError, ArithmeticError) as error:
+    raise ValueError(f'{folder}/{CONFIG_FILE} holds a setting of the wrong type ({error})'
+                     ) from None
+
+
 def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, np.ndarray],
                 shapes: dict[tuple, Any]) -> dict[tuple, np.ndarray]:
   """Our params (path -> array of its shape in `shapes`) from the tensors `hf.table` names."""
   by_tensor = _by_tensor(hf.table(cfg))
+  sharded = (paths.path(folder) / INDEX_FILE).exists()
+  weights = os.path.join(folder, INDEX_FILE if sharded else WEIGHTS_FILE)  # in messages
   missing = [name for name in by_tensor if tensors.get(name) is None]
   if missing:
-    raise ValueError(f'{folder} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
+    raise ValueError(f'{weights} misses {len(missing)} {hf.name} tensor(s), e.g. {missing[0]}')
   flat = {}
   for name, rows in by_tensor.items():
-    values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+    try:
+      values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+    except ValueError as error:
+      raise ValueError(f'{weights}: {error}') from None
     flat.update((row.path, value) for row, value in zip(rows, values))
   return flat
 

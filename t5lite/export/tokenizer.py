@@ -17,10 +17,12 @@ normalization, though not the same bytes (the training options are lost).
 """
 
 import base64
+import binascii
 import json
 
 from sentencepiece import sentencepiece_model_pb2
 
+from t5lite import files
 from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.data.vocabulary import NUM_SENTINELS
@@ -57,9 +59,9 @@ def import_tokenizer(hf_dir: str) -> bytes | None:
   spiece.model and no tokenizer.json; ValueError if what it has is not a T5 vocabulary."""
   root = paths.path(hf_dir)
   file = root / SPIECE_FILE
-  if file.is_file():
-    proto = file.read_bytes()
-  elif (root / TOKENIZER_JSON_FILE).is_file():
+  if file.exists():
+    proto = files.read_bytes(file)
+  elif (root / TOKENIZER_JSON_FILE).exists():
     file = root / TOKENIZER_JSON_FILE
     proto = _proto_from_tokenizer_json(file)
   else:
@@ -72,17 +74,28 @@ def import_tokenizer(hf_dir: str) -> bytes | None:
 
 
 def _proto_from_tokenizer_json(file) -> bytes:
-  """The SentencePiece model a T5 unigram tokenizer.json was converted from, less the sentinels
-  HF appends; added tokens are control pieces if special, else user-defined, as HF reads them."""
+  """The SentencePiece model a T5 unigram tokenizer.json was converted from; any part of it of
+  another shape than HF writes is one line naming the file."""
+  spec = files.read_json(file)
   try:
-    spec = json.loads(file.read_text())
-    model, normalizer = spec['model'], spec.get('normalizer') or {}
-  except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:
-    raise ValueError(f'{file} is not a tokenizer.json ({error!r})') from None
+    return _proto_from_spec(file, spec)
+  except (KeyError, TypeError, IndexError, AttributeError, binascii.Error, UnicodeError) as error:
+    raise ValueError(f'{file} is not a tokenizer.json ({type(error).__name__}: {error})'
+                     ) from None
+
+
+def _proto_from_spec(file, spec: dict) -> bytes:
+  """The SentencePiece model a parsed tokenizer.json was converted from, less the sentinels HF
+  appends; added tokens are control pieces if special, else user-defined, as HF reads them."""
+  model, normalizer = spec['model'], spec.get('normalizer') or {}
   if model.get('type') != 'Unigram' or model.get('byte_fallback'):
     raise ValueError(f'{file} is not a SentencePiece unigram tokenizer without byte fallback '
                      f'(model type {model.get("type")!r}); t5lite reads no other')
   pieces, unk_id = model['vocab'], model.get('unk_id')  # pieces: [[piece, score], ...]
+  if not isinstance(pieces, list) or not all(
+      isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+      and isinstance(p[1], (int, float)) for p in pieces):
+    raise ValueError(f'{file}: model.vocab is not a list of [piece, score] pairs')
   if tuple(piece for piece, _ in pieces[-NUM_SENTINELS:]) != SENTINELS[::-1]:
     raise ValueError(f'{file} does not end in T5\'s sentinels <extra_id_99> ... <extra_id_0>')
   pieces = pieces[:-NUM_SENTINELS]

@@ -17,6 +17,7 @@ ATTENTIONS = ('xla', 'cudnn', 'einsum')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
+TYPE_NAMES = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,12 @@ class ModelConfig:
   generator_size: float = 0.25
 
   def __post_init__(self):
+    for field in dataclasses.fields(self):  # a value read from a JSON file may be of any type
+      value = getattr(self, field.name)
+      allowed = (int, float) if field.type is float else field.type
+      if isinstance(value, bool) and field.type is not bool or not isinstance(value, allowed):
+        raise ValueError(f'model.{field.name}={value!r} is not {TYPE_NAMES[field.type]}')
+
     def choice(name, allowed):
       value = getattr(self, name)
       if value not in allowed:

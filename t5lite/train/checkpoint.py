@@ -8,12 +8,14 @@ how a run saved on one mesh resumes on another.
 
 import contextlib
 import dataclasses
+import os
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
 
+from t5lite import files
 from t5lite import paths
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import flatten
@@ -40,6 +42,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, checkpoint_cfg, *, read_only: bool = False, best_fn=None):
     self.directory = paths.path(workdir) / 'checkpoints'
+    check_kinds(self.directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else checkpoint_cfg.keep,
         save_interval_steps=0 if read_only else 1,
@@ -50,10 +53,23 @@ class Checkpointer:
         create=not read_only,
         cleanup_tmp_directories=not read_only,  # what a kill during a save left behind
         read_only=read_only)
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+    self.manager = self._reading(lambda: ocp.CheckpointManager(
+        self.directory, options=options, item_names=ITEMS))
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    return self._reading(self.manager.latest_step)
+
+  def all_steps(self) -> list[int]:
+    return self._reading(self.manager.all_steps)
+
+  def _reading(self, read):
+    """`read()`, which has orbax read each checkpoint's metadata: damage there (orbax raises any
+    type for it) is one line naming the folder."""
+    try:
+      return read()
+    except Exception as error:  # pylint: disable=broad-except
+      raise ValueError(f'{self.directory} holds a damaged checkpoint ({type(error).__name__}: '
+                       f'{_sentence(error)}); move it out of {self.directory}') from None
 
   def save(self, step: int, state, data_position: dict, config_dict: dict,
            metrics: dict | None = None) -> None:
@@ -87,7 +103,11 @@ class Checkpointer:
 
   def check_model(self, step: int, config) -> None:
     """Refuses to restore a checkpoint of another architecture instead of failing inside orbax."""
-    diffs = structural_diffs(self.saved_config(step)['model'], config.model.to_dict())
+    saved = self.saved_config(step)
+    if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
+      raise ValueError(f'checkpoint {self.directory}/{step} holds no model in its saved config; '
+                       f'if it is damaged, move it out of {self.directory} to use the one before it')
+    diffs = structural_diffs(saved['model'], config.model.to_dict())
     if diffs:
       raise ValueError(f'{self.directory} holds a checkpoint of another model '
                        f'({", ".join(diffs)}); use a new --workdir')
@@ -112,7 +132,19 @@ class Checkpointer:
           'start a new workdir from them (t5lite export, then import-hf)')
     restored = self._restore(step, state=ocp.args.StandardRestore(abstract_state),
                              data=ocp.args.JsonRestore())
-    return restored['state'], restored['data']
+    return restored['state'], self._checked_position(step, restored['data'])
+
+  def _checked_position(self, step: int, data) -> dict:
+    """The data position saved with `step`: {'processes': [each process's pipeline state, a dict
+    of counts]}, or {} (an import's step 0); anything else is refused as damaged."""
+    processes = data.get('processes', []) if isinstance(data, dict) else None
+    if not isinstance(processes, list) or not all(
+        isinstance(state, dict) and type(state.get('batch')) is int
+        and all(type(count) is int and count >= 0 for count in state.values())
+        for state in processes):
+      raise ValueError(f'checkpoint {self.directory}/{step} holds a damaged data position; move '
+                       f'it out of {self.directory} to use the one before it')
+    return data
 
   def _saved_metadata(self, step: int):
     """The saved train state's array metadata (shapes), in its tree; None if it cannot be read
@@ -162,10 +194,9 @@ class Checkpointer:
     try:
       return self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as error:  # orbax raises many types for damaged files
-      sentence = (str(error).strip().splitlines() or [''])[0].split('. ')[0]
       raise ValueError(
           f'checkpoint {self.directory}/{step} cannot be read ({type(error).__name__}: '
-          f'{sentence[:160]}); if it is damaged, move it out of {self.directory} to use the one '
+          f'{_sentence(error)}); if it is damaged, move it out of {self.directory} to use the one '
           'before it') from error
 
   def wait(self) -> None:
@@ -174,6 +205,21 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _sentence(error: Exception) -> str:
+  """The first sentence of an error's message, at most 160 characters."""
+  return (str(error).strip().splitlines() or [''])[0].split('. ')[0][:160]
+
+
+def check_kinds(directory) -> None:
+  """Refuses a local checkpoints folder holding anything but folders and regular files: orbax
+  would open a FIFO put there in a thread of its own and wait for ever."""
+  if paths.is_uri(directory) or not os.path.isdir(directory):
+    return
+  for root, _, names in os.walk(directory):
+    for name in names:
+      files.check_file(os.path.join(root, name))
 
 
 def structural_diffs(saved: dict, model: dict) -> list[str]:

@@ -30,11 +30,13 @@ import uuid
 
 from etils import epath
 
+from t5lite import files
 from t5lite import paths
 
 LOCK_NAME = 't5lite.lock'
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 300  # ten missed heartbeats: a busy or briefly disconnected host is not dead
+RECORD_KEYS = {'token', 'host', 'pid', 'start_ticks', 'heartbeat'}  # what a holder is judged by
 
 
 class WorkdirLock:
@@ -136,11 +138,15 @@ class WorkdirLock:
     written (`_create` writes right after creating)."""
     for _ in range(20):
       try:
-        return json.loads(path.read_text())
+        record = files.parse_json(path.read_text(), str(path))
       except FileNotFoundError:
         return None
       except ValueError:
         time.sleep(0.05)
+        continue
+      if isinstance(record, dict) and RECORD_KEYS <= record.keys():
+        return record
+      break
     raise ValueError(f'{path} is not a t5lite lock file; remove it if no run uses {self.workdir}')
 
   def _why_stale(self, holder: dict) -> str | None:

@@ -20,6 +20,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from t5lite import files
 from t5lite import outputs
 from t5lite import paths
 from t5lite.data import batches as batches_lib
@@ -29,7 +30,11 @@ from t5lite.train import lock as lock_lib
 from t5lite.train import preemption
 from t5lite.train import run as run_lib
 from t5lite.train import state as state_lib
-from t5lite.train.metrics import MetricWriter, console_line
+from t5lite.train import metrics as metrics_lib
+
+# What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
+WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,
+                 metrics_lib.TENSORBOARD_FOLDER: True}
 
 
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -84,10 +89,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   last logged metrics, the step it stopped at and whether that finished the run (False: it saved
   and stopped early, on SIGTERM, Ctrl-C or a preemption notice).
 
-  Everything the run depends on is checked before the workdir is written: the config, the
-  teacher, the checkpoint it resumes (read, not opened for writing), the first training batch, a
-  held-out one and the compiled step. Only then does the run lock the workdir (`command` names
-  it to a second run) and record its config.
+  Everything the run depends on is read and checked before the workdir is written: the config,
+  the workdir's parts, the teacher, the checkpoint it resumes (read, not opened for writing), its
+  metrics.jsonl, the first training batch, a held-out one and the compiled step. Only then does
+  the run lock the workdir (`command` names it to a second run), record its config and trim its
+  metrics to the step it resumes from.
 
   Pretraining by default; fine-tuning composes the same run from `inputs` (a task's batches),
   `init_params()` (the parameters a new run starts from instead of a random init) and
@@ -96,7 +102,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   """
   inputs = inputs or pretraining_inputs(config)
   run = run_lib.make_run(config)
-  check_place(workdir, config)
+  check_workdir(workdir, config)
   teacher = run.load_teacher() if config.train.teacher_workdir else None
   reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
   latest = reader.latest_step()
@@ -108,6 +114,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
               f'{config.train.steps}: nothing to train', flush=True)
       reader.close()
       return {'step': latest, 'finished': True}
+  history = metrics_lib.read_history(workdir)
   # measures the CPU's matmul rate: outside the mesh
   rates = throughput_rates(config, run.model_cfg, None if teacher is None else teacher.cfg)
   with run.sharding():
@@ -131,7 +138,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-                         speed)
+                         speed, history)
       finally:
         checkpointer.wait()
         checkpointer.close()
@@ -168,9 +175,16 @@ def compiled_train_step(run: run_lib.Run, loss, state, batch, rates) -> tuple[Ca
   return lambda state, batch: compiled(state, batch, loss.frozen_params), speed
 
 
-def check_place(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Refuses a workdir inside another one (e.g. its checkpoints/) or one that is its own
-  distillation teacher."""
+def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses a workdir inside another one (e.g. its checkpoints/), one that is its own
+  distillation teacher, or one whose WORKDIR_PARTS are of the other kind (a file named
+  checkpoints)."""
+  for name, is_folder in WORKDIR_PARTS.items():
+    part = paths.path(workdir) / name
+    if is_folder and part.exists() and not part.is_dir():
+      raise ValueError(f'{part} is not a folder; a t5lite workdir keeps its {name} there')
+    if not is_folder and part.exists():
+      files.check_file(part)
   enclosing = [f for f in paths.ancestors(paths.path(workdir))[1:] if outputs.is_workdir(f)]
   if enclosing:
     raise ValueError(f'--workdir {workdir} is inside the workdir {enclosing[0]}; give a '
@@ -223,16 +237,16 @@ def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]
 
 
 def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-              speed: Speed) -> dict:
+              speed: Speed, history: metrics_lib.History) -> dict:
   """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
 
   `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved),
   `train_step(state, batch)` returns the next state and its metrics, and
-  `evaluator(step, state)` the eval_ metrics.
+  `evaluator(step, state)` the eval_ metrics; `history` is metrics.jsonl as read at the start.
   """
   train_cfg = config.train
   start = int(state.step)
-  writer = MetricWriter(workdir, start)
+  writer = metrics_lib.MetricWriter(workdir, start, history)
   preempted = preemption.Preempted(start)
   nonfinite = jnp.zeros((), jnp.bool_)
   pending, last, step = [], {}, start
@@ -255,7 +269,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
           last.update(evaluator(step, state))
         writer.write(step, last)
         if jax.process_index() == 0:
-          print(console_line(step, train_cfg.steps, last, seconds), flush=True)
+          print(metrics_lib.console_line(step, train_cfg.steps, last, seconds), flush=True)
         pending, tic = [], time.perf_counter()
       if step % config.checkpoint.every_steps == 0 or done or stop:
         check_finite(nonfinite, step, checkpointer)

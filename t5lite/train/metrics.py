@@ -8,14 +8,43 @@ import json
 import os
 import socket
 import time
+from typing import NamedTuple
 
 import jax
-from etils import epath
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.summary.writer import record_writer
 
+from t5lite import files
 from t5lite import paths
+
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_FOLDER = 'tensorboard'
+
+
+class History(NamedTuple):
+  """A workdir's metrics.jsonl as read: its text, and each row's step and line."""
+  text: str
+  rows: list[tuple[int, str]]
+
+
+def read_history(workdir: str) -> History:
+  """The workdir's metrics.jsonl, read and checked before a run writes anything: blank lines are
+  skipped and a last line a kill cut short is left out; any other line that is not a JSON object
+  with an integer "step" is refused, naming the file and the line."""
+  path = paths.path(workdir) / METRICS_FILE
+  if not path.exists():
+    return History('', [])
+  text, rows = files.read_text(path), []
+  for number, line in enumerate(text.split('\n')[:-1], 1):  # the last: '' or cut short
+    if not line.strip():
+      continue
+    row = files.parse_json(line, f'{path}:{number}')
+    if not isinstance(row, dict) or type(row.get('step')) is not int:
+      raise ValueError(f'{path}:{number} is not a row of metrics ({{"step": N, ...}}); correct '
+                       'or delete that line')
+    rows.append((row['step'], line + '\n'))
+  return History(text, rows)
 
 
 class MetricWriter:
@@ -25,19 +54,21 @@ class MetricWriter:
   TensorFlow, which a run fed synthetic batches never loads; each run (a resumed one too) adds
   its own events file, as TensorFlow's writer does.
 
-  A run resumed at `start_step` first drops the rows after it: a killed run wrote them for steps
-  that are done again now, so each step keeps one row, the one the checkpoints agree with.
+  A run resumed at `start_step` first drops the rows of `history` (metrics.jsonl as the run read
+  it before writing anything) after it: a killed run wrote them for steps that are done again
+  now, so each step keeps one row, the one the checkpoints agree with.
   """
 
-  def __init__(self, workdir: str, start_step: int):
+  def __init__(self, workdir: str, start_step: int, history: History):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
     folder = paths.path(workdir)
-    path = folder / 'metrics.jsonl'
-    if path.exists():
-      drop_rows_after(path, start_step)
-    events = folder / 'tensorboard'
+    path = folder / METRICS_FILE
+    kept = ''.join(line for step, line in history.rows if step <= start_step)
+    if kept != history.text:
+      paths.write_text(path, kept)
+    events = folder / TENSORBOARD_FOLDER
     events.mkdir(parents=True, exist_ok=True)
     name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2'
     # Held open for the run (epath's open is a context manager on gs://, where each flush
@@ -65,14 +96,6 @@ class MetricWriter:
   def close(self) -> None:
     if self.enabled:
       self._files.close()
-
-
-def drop_rows_after(path: epath.Path, step: int) -> None:
-  """Rewrites metrics.jsonl without rows past `step` or a last line a kill cut short; atomically."""
-  lines = path.read_text().splitlines(keepends=True)
-  kept = [line for line in lines if line.endswith('\n') and json.loads(line)['step'] <= step]
-  if len(kept) < len(lines):
-    paths.write_text(path, ''.join(kept))
 
 
 def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: float) -> str:

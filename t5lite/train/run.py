@@ -81,7 +81,7 @@ class Run:
     checkpointer = checkpoint_lib.Checkpointer(workdir, self.config.checkpoint, read_only=True)
     try:
       step = checkpointer.latest_step() if step is None else step
-      if step is None or step not in checkpointer.manager.all_steps():
+      if step is None or step not in checkpointer.all_steps():
         raise FileNotFoundError(f'no checkpoint{"" if step is None else f" at step {step}"} in '
                                 f'{checkpointer.directory}')
       checkpointer.check_model(step, self.config)

@@ -41,7 +41,8 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
   vocab = vocabulary.load_vocabulary(path)
   assert (vocab.num_pieces, vocab.vocab_size, vocab.sentinel_id(0)) == (60, 160, 159)
   assert vocab.decode(vocab.encode('ships and whales')) == 'ships and whales'
-  with pytest.raises(ValueError, match=r'^--vocab_size=50000: Vocabulary size too high \(50000\)'):
+  with pytest.raises(ValueError, match=r'^--vocab_size=50000 does not fit --input .*: '
+                     r'Vocabulary size too high \(50000\)'):
     vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
 
 
