@@ -174,7 +174,7 @@ def test_import_rejects_what_is_not_a_t5_vocabulary(trained_model, tmp_path):
     import_tokenizer(str(tmp_path))
   spiece.unlink()
   tokenizer_json.write_text('{"model": ')
-  with pytest.raises(ValueError, match=f'^{re.escape(str(tokenizer_json))} is not a tokenizer'):
+  with pytest.raises(ValueError, match=f'^{re.escape(str(tokenizer_json))} is not JSON'):
     import_tokenizer(str(tmp_path))
   tokenizers.Tokenizer(tokenizers.models.BPE()).save(str(tokenizer_json))
   with pytest.raises(ValueError, match="not a SentencePiece unigram .* type 'BPE'"):
