@@ -9,7 +9,7 @@ stderr captured at the file descriptor), and must either succeed (exit 0: the da
 e.g. a blank line in metrics.jsonl) or refuse with exit status 2 and exactly one stderr line that
 names the file, leaving the case folder byte for byte as it was (tests/fs.py's SHA-256 snapshot).
 
-Profiles: `make test` runs the fast one, each kind's `examples` (about 370 in all), derandomized so
+Profiles: `make test` runs the fast one, each kind's `examples` (about 340 in all), derandomized so
 that every run tries the same ones. The long one runs T5LITE_FUZZ_SCALE times as many, from a
 fresh seed each time (Hypothesis prints a failing example and how to reproduce it):
 
@@ -139,8 +139,8 @@ KINDS = [
     Kind('workdir-metrics', 'run/metrics.jsonl', resume(2), RUN, 'jsonl', 2),
     # its checkpoint's files that orbax reads as JSON (the line names the checkpoint)
     Kind('checkpoint-metadata', 'run/checkpoints/1/_CHECKPOINT_METADATA', resume(1), RUN, 'json',
-         or_names='run/checkpoints'),
-    Kind('checkpoint-config', 'run/checkpoints/1/config/metadata', resume(1), RUN, 'json',
+         6, or_names='run/checkpoints'),
+    Kind('checkpoint-config', 'run/checkpoints/1/config/metadata', resume(1), RUN, 'json', 6,
          or_names='run/checkpoints'),
     Kind('checkpoint-data-position', 'run/checkpoints/1/data/metadata', resume(2), RUN, 'json', 2,
          or_names='run/checkpoints'),
