@@ -22,6 +22,8 @@ setuptools.setup(
         'tensorflow-datasets==4.9.10',
         'importlib_resources==7.1.0',  # tfds imports it without declaring it
         'sentencepiece==0.2.3',
+        'zstandard==0.25.0',  # .zst corpora
+        'pyarrow==26.0.1',  # .parquet corpora
         'absl-py==2.5.1',
         'ml-collections==1.1.0',
         'tensorboard==2.21.0',

@@ -142,6 +142,22 @@ def tokenizer_command(args, overrides):
   print(f'wrote {path}')
 
 
+@command('prepare', 'tokenize a corpus once into a token store, for data.source=STORE')
+def prepare_command(args, overrides):
+  from t5lite.commands import prepare
+  if overrides:
+    raise ValueError(f'prepare takes no --config overrides, got {overrides[0]}')
+  manifest = prepare.prepare(
+      args.source, args.out, vocabulary=args.vocabulary, text_key=args.text_key,
+      validation_fraction=args.validation_fraction, tfds_data_dir=args.tfds_data_dir,
+      workers=args.workers, num_shards=args.num_shards, shard_index=args.shard_index,
+      overwrite=args.overwrite, progress=sys.stderr if sys.stderr.isatty() else None)
+  documents, tokens = manifest['documents'], manifest['tokens']
+  print(f'prepared {manifest["part"]} of {args.out}: {sum(documents.values()):,} documents, '
+        f'{sum(tokens.values()):,} tokens ({tokens["train"]:,} train, '
+        f'{tokens["validation"]:,} validation); skipped: {manifest["skipped"] or "nothing"}')
+
+
 EPILOG = ('Every setting of the config can be overridden as --config.a.b=value (parsed as the '
           "type the setting has). A mistake stops with one line and exit status 2; "
           'T5LITE_DEBUG=1 shows the traceback instead.')
@@ -176,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
         + ('' if name in ('data', 'plan') else "; default: the workdir's saved config.json"))
   for name in ('train', 'eval', 'export', 'import-hf', 'finetune', 'infer'):
     parsers[name].add_argument('--workdir', required=True, help=WORKDIR_HELP[name])
-  for name in ('export', 'tokenizer', 'data', 'infer'):
+  for name in ('export', 'tokenizer', 'data', 'infer', 'prepare'):
     parsers[name].add_argument('--overwrite', action='store_true',
                                help='write over an existing file, or into a folder holding other '
                                "files (only this command's files are replaced); never in or "
@@ -266,10 +282,30 @@ def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
   tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
 
 
+def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
+  prepare.add_argument('--source', required=True,
+                       help="as data.source: 'bundled', .txt/.jsonl(.gz/.xz/.zst)/.parquet "
+                       "files or globs (comma-separated, local or gs://), or 'tfds:NAME'")
+  prepare.add_argument('--out', required=True, help='the store: a new folder, local or gs://')
+  prepare.add_argument('--vocabulary', default='bundled',
+                       help="'bundled' or a SentencePiece .model (sentinels are appended)")
+  prepare.add_argument('--text_key', default='text', help='JSONL key, parquet column or TFDS '
+                       'feature holding the text')
+  prepare.add_argument('--validation_fraction', type=float, default=0.05,
+                       help='documents held out, by a stable hash of their text')
+  prepare.add_argument('--tfds_data_dir', default='', help='where a tfds: source is prepared')
+  prepare.add_argument('--workers', type=int, default=0,
+                       help='tokenizer threads; 0: every core')
+  prepare.add_argument('--num_shards', type=int, default=1,
+                       help='parts the store is prepared in, one per machine or run')
+  prepare.add_argument('--shard_index', type=int, default=0, help='the part this run prepares')
+
+
 # Each command's own flags; --config, --workdir and --overwrite are added in `parser`.
 COMMAND_FLAGS = {'train': _train_flags, 'eval': _eval_flags, 'data': _data_flags,
                  'export': _export_flags, 'infer': _infer_flags, 'import-hf': _import_hf_flags,
-                 'finetune': _finetune_flags, 'plan': _plan_flags, 'tokenizer': _tokenizer_flags}
+                 'finetune': _finetune_flags, 'plan': _plan_flags, 'tokenizer': _tokenizer_flags,
+                 'prepare': _prepare_flags}
 
 
 WORKDIR_HELP = {
@@ -304,7 +340,8 @@ def main(argv=None) -> int:
 
 # Flags that count something, and the least each can mean (None, the default, is left alone).
 AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1, 'show': 0,
-            'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0}
+            'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0, 'num_shards': 1,
+            'shard_index': 0, 'workers': 0}
 
 
 def check_counts(args) -> None:

@@ -37,17 +37,22 @@ _FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_')
 def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
                  process_index: int | None = None, process_count: int | None = None,
                  start: int | dict | list = 0):
-  """Batches of `split` ('train' | 'validation' | 'all') for one process, from `start`: see
-  `pipeline.make_pipeline`, whose arguments these are; process index and count default to JAX's.
-  One ValueError line for what cannot work."""
+  """Batches of `split` ('train' | 'validation' | 'all') for process `process_index` of
+  `process_count` (default: JAX's), from `start`: a number of global batches already consumed,
+  or a `state()` (a checkpoint saves one per process, as a list). One ValueError line for what
+  cannot work."""
   if process_index is None or process_count is None:
     import jax  # pylint: disable=import-outside-toplevel  # only to ask who we are
     process_index, process_count = jax.process_index(), jax.process_count()
-  if data.source != SYNTHETIC:
-    from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel
-    return pipeline.make_pipeline(data, split, process_index=process_index,
-                                  process_count=process_count, start=start)
   share = process_share(data.batch_size, process_index, process_count)
+  position = own_position(start, process_index)
+  if set(position) != {'batch'}:
+    raise ValueError(f'this run saved its data position as {position} (a tfds: source streamed '
+                     'by t5lite before 2026-11-26); start a new run from a token store '
+                     '(t5lite prepare) or from the same source')
+  if data.source != SYNTHETIC:
+    from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel  # TensorFlow's
+    return pipeline.make_pipeline(data, split, share=share, first_batch=position['batch'])
   objective = objectives.get(data.objective)
   objective.raw_length(data)  # the lengths' own checks, as for text
   return SyntheticBatches(objective.features(data),
@@ -55,7 +60,7 @@ def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
                           seed=(data.seed, zlib.crc32(split.encode())),
                           rows=range(share.start, share.stop),
                           batch_size=data.batch_size,
-                          batch=own_position(start, process_index)['batch'])
+                          batch=position['batch'])
 
 
 class SyntheticBatches:
@@ -155,14 +160,19 @@ def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path:
 
 def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
   """The first `k` training examples as text, masks and sentinels visible, as the model sees
-  them."""
+  them; after what a token store holds and was prepared from."""
   data = _data_section(config)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   batches = make_batches(data, 'train', process_index=0, process_count=1)
-  return '\n'.join(
+  summary = []
+  if data.source != SYNTHETIC:
+    from t5lite.data import store  # pylint: disable=import-outside-toplevel  # TensorFlow's
+    if store.is_store(data.source):
+      summary.append(store.open_store(data.source).summary())
+  return '\n'.join(summary + [
       f'example {n} ({len(inputs)} input tokens, {len(targets)} target tokens)\n'
       f'  inputs:  {vocab.decode(inputs)}\n  targets: {vocab.decode(targets)}'
-      for n, (inputs, targets) in enumerate(itertools.islice(_examples(batches), k)))
+      for n, (inputs, targets) in enumerate(itertools.islice(_examples(batches), k))])
 
 
 def _examples(batches):

@@ -1,28 +1,39 @@
-"""Where text comes from: the bundled corpus, local .txt/.jsonl files, or a prepared TFDS dataset.
+"""Where text comes from: the documents of a source, streamed in a fixed order.
 
-`data.source` is one of
+A source (`data.source`, `t5lite prepare --source`) is comma-separated parts, each one of
 - 'bundled': the package's corpus.jsonl.xz (555 documents; see bundled/PROVENANCE.md);
-- paths or globs, comma-separated: `.txt` files hold documents separated by blank lines (so one
-  big corpus.txt still gives a validation split, and a file of one paragraph is one document);
-  `.jsonl` files hold one JSON object per line with the text under `data.text_key`; either may
-  be compressed as `.gz` or `.xz`;
-- 'tfds:NAME' (e.g. 'tfds:c4/en:3.1.0'), prepared beforehand under `data.tfds_data_dir`: it is
-  streamed, never loaded whole and never downloaded.
+- a path or glob, local or gs://: `.txt` files hold documents separated by blank lines (so one big
+  corpus.txt still gives a validation split, and a file of one paragraph is one document);
+  `.jsonl` files hold one JSON object per line with the text under `text_key`; either may be
+  compressed as `.gz`, `.xz` or `.zst`; `.parquet` files hold the text in the column `text_key`;
+- 'tfds:NAME' (e.g. 'tfds:c4/en:3.1.0'), prepared beforehand under `tfds_data_dir`: never
+  downloaded.
 
-Held-out documents are chosen by a stable hash of their text (FarmHash, fixed across TF
-versions and platforms), so a document and its duplicates are all in one split.
+`inputs()` lists a source's Inputs in order (its files; a TFDS dataset's file shards), so that
+`t5lite prepare` can share them among machines, and each Input streams its documents in bounded
+memory. A damaged piece of a file (a line that is not JSON or lacks the text, bytes that are not
+UTF-8, an empty document) is skipped and counted by reason; what makes the file itself unusable
+(missing, unreadable, cut short, a .jsonl none of whose lines holds text, a parquet file without
+the column) is one ValueError line naming it.
+
+Held-out documents are chosen by a stable hash of their text (FarmHash, fixed across TF versions
+and platforms), so a document and its duplicates are all in one split. A TFDS dataset with its
+own validation split (C4) keeps its published train/validation instead.
 """
 
 import collections
+import contextlib
 import glob
+import gzip
 import importlib.resources
+import io
 import lzma
 import os
-import re
-from typing import Sequence
+import zlib
+from typing import Iterator, Sequence
 
-from absl import logging
 import numpy as np
+import zstandard
 from t5lite.data.tf_setup import tf
 
 from t5lite import files
@@ -31,69 +42,166 @@ from t5lite import paths
 BUNDLED = 'bundled'
 TFDS_PREFIX = 'tfds:'
 SPLITS = ('train', 'validation', 'all')
+TEXT_KINDS = ('.txt', '.jsonl')
+KINDS = TEXT_KINDS + ('.parquet',)
+COMPRESSIONS = ('.gz', '.xz', '.zst')
 
 _HASH_BUCKETS = 1 << 20
-_BLANK_LINES = re.compile(rb'\n(?:[ \t\r\f\v]*\n)+')
+_PARQUET_ROWS = 1024  # rows read at a time from a parquet file
+
+
+class Input:
+  """One file (or TFDS file shard) of a source: `documents(skipped)` streams its texts.
+
+  `split` is the published split its documents belong to ('train' | 'validation'), or None
+  where the hash decides.
+  """
+  name: str
+  split: str | None = None
+
+  def documents(self, skipped: collections.Counter) -> Iterator[str]:
+    raise NotImplementedError
+
+
+def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: str = '',
+           flag: str = 'data.source') -> list[Input]:
+  """The Inputs of `source` in order; one ValueError line (FileNotFoundError for a missing file)
+  naming `flag` for a glob matching nothing, a file of no known kind, a TFDS dataset that is not
+  prepared or lacks the text feature."""
+  parts = source.split(',') if isinstance(source, str) else list(source)
+  found = []
+  for part in (p.strip() for p in parts):
+    if part == BUNDLED:
+      found.append(_BundledInput(text_key))
+    elif part.startswith(TFDS_PREFIX):
+      found += _tfds_inputs(part[len(TFDS_PREFIX):], tfds_data_dir, text_key)
+    else:
+      found += [_file_input(name, text_key, flag) for name in _matching(part, flag)]
+  return found
 
 
 def read_documents(source: str | Sequence[str], text_key: str = 'text',
-                   flag: str = 'data.source'):
-  """(documents, skipped) of an in-memory source; `skipped` counts what was dropped and why.
-
-  Raises ValueError with one line naming `flag` (what gave the source) and the file for a missing
-  or unreadable file (t5lite/files.py), a glob matching nothing, an unsupported file type or a
-  source without any text.
-  """
-  patterns = source.split(',') if isinstance(source, str) else list(source)
-  documents, skipped = [], collections.Counter()
-  for pattern in (p.strip() for p in patterns):
-    if pattern.startswith(TFDS_PREFIX):
-      raise ValueError(f'{pattern}: TFDS sources are streamed; read text files here instead')
-    for name, kind, raw in _raw_files(pattern, flag):
-      documents += _parse(kind, raw, text_key, skipped)
+                   flag: str = 'data.source') -> tuple[list[str], collections.Counter]:
+  """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text)."""
+  skipped = collections.Counter()
+  documents = [text for item in inputs(source, text_key, flag=flag)
+               for text in item.documents(skipped)]
   if not documents:
     raise ValueError(f'{flag} {source!r} holds no text (skipped: {dict(skipped)})')
-  if skipped:
-    logging.warning('data source %s: skipped %s', source, dict(skipped))
   return documents, skipped
 
 
-def _raw_files(pattern: str, flag: str):
-  """(name, kind, decompressed bytes) of each file of one pattern, sorted so that the corpus
-  order is fixed; kind is '.txt' or '.jsonl'."""
-  if pattern == BUNDLED:
-    path = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
-    yield 'corpus.jsonl.xz', '.jsonl', lzma.decompress(path.read_bytes())
-    return
-  names = [pattern]
-  if glob.has_magic(pattern):  # TensorFlow's glob for gs:// patterns
-    names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
+def _matching(pattern: str, flag: str) -> list[str]:
+  if not glob.has_magic(pattern):
+    return [pattern]
+  names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
   if not names:
     raise ValueError(f'{flag}: the pattern {pattern!r} matches no files')
-  for name in names:
-    stem, compression = os.path.splitext(name)
-    kind = os.path.splitext(stem if compression in files.COMPRESSIONS else name)[1]
-    if kind not in ('.txt', '.jsonl'):
-      raise ValueError(f'{flag}: {name} is neither .txt nor .jsonl (optionally .gz/.xz)')
-    yield name, kind, files.read_bytes(name, flag)
+  return names
 
 
-def _parse(kind: str, raw: bytes, text_key: str, skipped: collections.Counter) -> list[str]:
-  """Documents of one file's bytes; bad pieces are counted in `skipped`, never fatal."""
-  if not raw.strip():
-    skipped['empty_files'] += 1
-    return []
-  pieces = _BLANK_LINES.split(raw) if kind == '.txt' else raw.splitlines()
-  texts = (_utf8(p, skipped) for p in pieces if p.strip())
-  if kind == '.jsonl':
-    texts = (_json_text(line, text_key, skipped) for line in texts if line is not None)
-  documents = []
-  for text in texts:
-    if text is not None and not text.strip():
-      skipped['empty_documents'] += 1
-    elif text is not None:
-      documents.append(text)
-  return documents
+def _kind(name: str) -> tuple[str, str]:
+  """(kind, compression) of a file by its name: ('.jsonl', '.gz') for 'a.jsonl.gz'."""
+  stem, last = os.path.splitext(name)
+  return (os.path.splitext(stem)[1], last) if last in COMPRESSIONS else (last, '')
+
+
+def _file_input(name: str, text_key: str, flag: str) -> Input:
+  kind, compression = _kind(name)
+  if kind not in KINDS or kind == '.parquet' and compression:
+    raise ValueError(f'{flag}: {name} is not .txt, .jsonl (optionally .gz, .xz or .zst) or '
+                     '.parquet')
+  files.check_file(name, flag)
+  if kind == '.parquet':
+    return _ParquetInput(name, text_key, flag)
+  return _TextInput(name, kind, compression, text_key, flag)
+
+
+class _TextInput(Input):
+  """A .txt or .jsonl file, decompressed as it is read."""
+
+  def __init__(self, name: str, kind: str, compression: str, text_key: str, flag: str):
+    self.name, self._kind, self._compression = name, kind, compression
+    self._text_key, self._flag = text_key, flag
+
+  def documents(self, skipped):
+    lines = without_key = 0
+    with self._lines() as stream:
+      pieces = _paragraphs(stream) if self._kind == '.txt' else (l for l in stream if l.strip())
+      for piece in pieces:
+        lines += 1
+        text = _utf8(piece, skipped)
+        if text is not None and self._kind == '.jsonl':
+          text = _json_text(text, self._text_key)
+          if text is None:
+            without_key += 1
+            skipped[f'lines_without_{self._text_key}'] += 1
+        if text is not None and not text.strip():
+          skipped['empty_documents'] += 1
+        elif text is not None:
+          yield text
+    if not lines:
+      skipped['empty_files'] += 1
+    elif without_key == lines:
+      raise ValueError(f'{files.named(self.name, self._flag)}: none of its {lines} lines is a '
+                       f'JSON object with a string under {self._text_key!r}')
+
+  @contextlib.contextmanager
+  def _lines(self) -> Iterator[Iterator[bytes]]:
+    """The file's lines as bytes; a file that cannot be read or is cut short is one line."""
+    where = files.named(self.name, self._flag)
+    try:
+      with paths.path(self.name).open('rb') as raw:
+        yield _decompressed(raw, self._compression)
+    except (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError) as error:
+      raise ValueError(f'{where} is not a complete {self._compression} file ({error})') from None
+    except gzip.BadGzipFile as error:
+      raise ValueError(f'{where} is not a {self._compression} file ({error})') from None
+    except (OSError, tf.errors.OpError) as error:
+      reason = getattr(error, 'strerror', None) or getattr(error, 'message', None) or error
+      raise ValueError(f'{where} cannot be read ({reason})') from None
+
+
+def _decompressed(raw, compression: str) -> Iterator[bytes]:
+  if compression == '.gz':
+    return gzip.GzipFile(fileobj=raw)
+  if compression == '.xz':
+    return lzma.LZMAFile(raw)
+  if compression == '.zst':
+    return _zstd_lines(raw)
+  return raw
+
+
+def _zstd_lines(raw, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+  """The lines of a .zst file of one or more frames; one that ends inside a frame raises
+  ZstdError (zstandard's stream reader would end quietly there)."""
+  frame, inside, rest = zstandard.ZstdDecompressor().decompressobj(), False, b''
+  while chunk := raw.read(chunk_bytes):
+    while chunk:
+      text = frame.decompress(chunk)
+      chunk, inside = (frame.unused_data, False) if frame.eof else (b'', True)
+      if frame.eof:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+      *lines, rest = (rest + text).split(b'\n')
+      yield from (line + b'\n' for line in lines)
+  if inside:
+    raise zstandard.ZstdError('the file ends inside a frame')
+  if rest:
+    yield rest
+
+
+def _paragraphs(lines: Iterator[bytes]) -> Iterator[bytes]:
+  """The blank-line separated pieces of a text file, each without the line break before the
+  blank line that ends it."""
+  piece = []
+  for line in lines:
+    if line.strip():
+      piece.append(line)
+    elif piece:
+      yield b''.join(piece).removesuffix(b'\n')
+      piece = []
+  if piece:
+    yield b''.join(piece)
 
 
 def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
@@ -104,24 +212,112 @@ def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
     return None
 
 
-def _json_text(line: str, text_key: str, skipped: collections.Counter) -> str | None:
+def _json_text(line: str, text_key: str) -> str | None:
   try:
     row = files.parse_json(line, 'a line')
   except ValueError:
-    row = None
-  text = row.get(text_key) if isinstance(row, dict) else None
-  if not isinstance(text, str):
-    skipped[f'lines_without_{text_key}'] += 1
     return None
-  return text
+  text = row.get(text_key) if isinstance(row, dict) else None
+  return text if isinstance(text, str) else None
 
 
-def in_validation(texts, validation_fraction: float) -> tf.Tensor:
-  """Which of `texts` (a string tensor or list) are held out, by a stable hash of each text.
+class _ParquetInput(Input):
+  """A .parquet file: the string column `text_key`, read a row group at a time."""
 
-  Works eagerly on a list of documents and inside tf.data on streamed ones alike.
-  """
-  buckets = tf.strings.to_hash_bucket_fast(texts, _HASH_BUCKETS)
+  def __init__(self, name: str, text_key: str, flag: str):
+    self.name, self._text_key, self._flag = name, text_key, flag
+
+  def documents(self, skipped):
+    import pyarrow  # only for parquet files
+    import pyarrow.parquet as pq
+    where = files.named(self.name, self._flag)
+    try:
+      with paths.path(self.name).open('rb') as raw:
+        table = pq.ParquetFile(raw)
+        field = table.schema_arrow.field(self._text_key) if (
+            self._text_key in table.schema_arrow.names) else None
+        if field is None:
+          raise ValueError(f'{where} has no column {self._text_key!r} (it has '
+                           f'{", ".join(table.schema_arrow.names)})')
+        if not (pyarrow.types.is_string(field.type) or pyarrow.types.is_large_string(field.type)):
+          raise ValueError(f'{where}: the column {self._text_key!r} holds {field.type}, not text')
+        rows = 0
+        for batch in table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self._text_key]):
+          for text in batch.column(0).to_pylist():
+            rows += 1
+            if text is None:
+              skipped[f'null_{self._text_key}'] += 1
+            elif not text.strip():
+              skipped['empty_documents'] += 1
+            else:
+              yield text
+        if not rows:
+          skipped['empty_files'] += 1
+    except (pyarrow.ArrowException, OSError, tf.errors.OpError) as error:
+      reason = getattr(error, 'message', None) or str(error).strip().splitlines()[0]
+      raise ValueError(f'{where} is not a parquet file that can be read ({reason})') from None
+
+
+class _BundledInput(Input):
+  """The bundled corpus, a .jsonl.xz inside the package."""
+
+  def __init__(self, text_key: str):
+    self.name, self._text_key = BUNDLED, text_key
+
+  def documents(self, skipped):
+    raw = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
+    with lzma.open(io.BytesIO(raw.read_bytes())) as lines:
+      for line in lines:
+        text = _json_text(line.decode('utf-8'), self._text_key)
+        if text is None:
+          skipped[f'lines_without_{self._text_key}'] += 1
+        else:
+          yield text
+
+
+def _tfds_inputs(name: str, data_dir: str, text_key: str) -> list[Input]:
+  """One Input per file shard of the dataset's train split, and of its validation split where
+  it publishes one."""
+  builder = tfds_builder(name, data_dir)
+  features = builder.info.features
+  if text_key not in features or features[text_key].tf_dtype != tf.string:
+    raise ValueError(f'data.text_key: {builder.info.full_name} has no text feature '
+                     f'{text_key!r} (it has {", ".join(builder.info.features.keys())})')
+  published = 'validation' in builder.info.splits
+  found = []
+  for split in ('train', 'validation') if published else ('train',):
+    start = 0
+    for length in builder.info.splits[split].shard_lengths:
+      found.append(_TfdsInput(builder, split, start, start + length, text_key,
+                              split if published else None))
+      start += length
+  return found
+
+
+class _TfdsInput(Input):
+  """Records [start, stop) of a TFDS split: one of its file shards, read in file order."""
+
+  def __init__(self, builder, split: str, start: int, stop: int, text_key: str,
+               published: str | None):
+    self.name = f'{TFDS_PREFIX}{builder.info.full_name} {split}[{start}:{stop}]'
+    self.split, self._builder, self._text_key = published, builder, text_key
+    self._records = f'{split}[{start}:{stop}]'
+
+  def documents(self, skipped):
+    records = self._builder.as_dataset(split=self._records, shuffle_files=False)
+    for text in records.map(lambda record: record[self._text_key]).as_numpy_iterator():
+      text = _utf8(text, skipped)
+      if text is not None and not text.strip():
+        skipped['empty_documents'] += 1
+      elif text is not None:
+        yield text
+
+
+def in_validation(texts, validation_fraction: float) -> np.ndarray:
+  """Which of `texts` (a list of strings) are held out, by a stable hash of each text."""
+  if not len(texts):
+    return np.zeros([0], bool)
+  buckets = tf.strings.to_hash_bucket_fast(texts, _HASH_BUCKETS).numpy()
   return buckets < int(round(validation_fraction * _HASH_BUCKETS))
 
 
@@ -131,7 +327,7 @@ def split_mask(documents: list[str], split: str, validation_fraction: float) -> 
     raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
   if split == 'all':
     return np.ones(len(documents), bool)
-  held_out = in_validation(documents, validation_fraction).numpy()
+  held_out = in_validation(documents, validation_fraction)
   return held_out if split == 'validation' else ~held_out
 
 
@@ -150,27 +346,3 @@ def tfds_builder(name: str, data_dir: str):
                      f'never downloads: run `tfds build {name} --data_dir=DIR` and set '
                      'data.tfds_data_dir=DIR')
   return builder
-
-
-def tfds_split(builder, split: str) -> tuple[str, str]:
-  """(TFDS split to read, split to select by hash within it: 'all' when none is needed).
-
-  A dataset with its own 'validation' split (C4) keeps its train/validation as published;
-  others hold out documents of their 'train' split by hash, as the in-memory sources do.
-  """
-  if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
-  if 'validation' in builder.info.splits:
-    return ('train' if split == 'all' else split), 'all'
-  return 'train', split
-
-
-def tfds_documents(builder, tfds_split_name: str, start: int, stop: int,
-                   text_key: str) -> tf.data.Dataset:
-  """Texts of records [start, stop) of a TFDS split, in file order, read deterministically."""
-  features = builder.info.features
-  if text_key not in features or features[text_key].tf_dtype != tf.string:
-    raise ValueError(f'data.text_key: {builder.info.full_name} has no text feature '
-                     f'{text_key!r} (it has {", ".join(features.keys())})')
-  ds = builder.as_dataset(split=f'{tfds_split_name}[{start}:{stop}]', shuffle_files=False)
-  return ds.map(lambda record: record[text_key])

@@ -127,7 +127,7 @@ def file_examples(path: str, inputs_key: str, targets_key: str,
     if not targets.strip():
       raise ValueError(f'{path}:{number}: empty target')
   examples = [Example(*values) for _, values in records]
-  held_out = sources.in_validation([e.inputs for e in examples], validation_fraction).numpy()
+  held_out = sources.in_validation([e.inputs for e in examples], validation_fraction)
   return {'train': [e for e, h in zip(examples, held_out) if not h],
           'validation': [e for e, h in zip(examples, held_out) if h]}
 

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from t5lite.data import batches
 from t5lite.data import noise
 from t5lite.data import packing
 from t5lite.data import pipeline
+from t5lite.data import store
 
 MASK, CLS, SEP = 8099, 8098, 8097  # <extra_id_0, 1, 2> of the bundled 8,100-id vocabulary
 NUM_PIECES = 8000
@@ -81,8 +83,8 @@ def test_mlm_selects_15_percent_and_splits_them_80_10_10():
 def test_masking_is_dynamic_a_new_mask_each_epoch(small_data):
   """The pipeline seeds example i of the stream: a chunk seen again is masked anew."""
   tokens = np.arange(100, 100 + 10 * 40, dtype=np.int32)  # 10 chunks of 40, no slack: fixed cuts
-  chunks = pipeline._indexed_examples(tokens, 40, small_data(batch_size=2), per_process=2,
-                                      process_index=0, first_batch=0)
+  chunks = pipeline._indexed_examples(store.Tokens([tokens]), 40, small_data(batch_size=2),
+                                      share=slice(0, 2), first_batch=0)
   masks = {}
   for i, example in enumerate(noise.mlm(chunks, MASK, NUM_PIECES).take(30)
                               .as_numpy_iterator()):
@@ -276,7 +278,7 @@ def test_causal_lm_and_mlm_features_worked_examples():
 ])
 def test_lengths_an_objective_cannot_use_fail_with_one_line(small_data, change, message):
   with pytest.raises(ValueError, match=message) as error:
-    pipeline.make_pipeline(small_data(**change), process_index=0, process_count=1)
+    batches.make_batches(small_data(**change), process_index=0, process_count=1)
   assert '\n' not in str(error.value)
 
 
@@ -297,7 +299,7 @@ def test_pipeline_batches_of_each_objective(small_data, tfds_dir, objective, len
   the loss on the share of tokens the objective predicts."""
   source = dict(source='tfds:t5lite_test_text/short', tfds_data_dir=tfds_dir) if streamed else {}
   data = small_data(objective=objective, **lengths, **source)
-  batch = next(pipeline.make_pipeline(data, process_index=0, process_count=1))
+  batch = next(batches.make_batches(data, process_index=0, process_count=1))
   for name, length in features.items():
     assert batch[name].shape == (8,) + ((length,) if length else ())
     assert batch[name].dtype == np.int32

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from t5lite.data import batches
 from t5lite.data import pipeline
+from t5lite.data import store
 from t5lite.objectives import span_corruption
 
 FEATURES = ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',
@@ -28,7 +29,7 @@ def assert_same(a, b):
 
 
 def single(data, split='train', start=0):
-  return pipeline.make_pipeline(data, split, process_index=0, process_count=1, start=start)
+  return batches.make_batches(data, split, process_index=0, process_count=1, start=start)
 
 
 def test_batches_are_what_the_model_reads(small_data):
@@ -62,8 +63,8 @@ def test_resume_from_the_middle_gives_the_uninterrupted_batches(small_data):
 def test_two_processes_together_give_the_one_process_batch(small_data):
   data = small_data()
   whole = take(single(data, start=3), 4)
-  halves = [take(pipeline.make_pipeline(data, 'train', process_index=p, process_count=2,
-                                        start=3), 4) for p in (0, 1)]
+  halves = [take(batches.make_batches(data, 'train', process_index=p, process_count=2,
+                                      start=3), 4) for p in (0, 1)]
   for k in range(4):
     joined = {name: np.concatenate([halves[0][k][name], halves[1][k][name]]) for name in FEATURES}
     assert halves[0][k]['encoder_input_tokens'].shape[0] == 4
@@ -80,8 +81,8 @@ def test_same_seed_same_batches_other_seed_other_batches(small_data):
 def test_an_epoch_visits_every_chunk_once_with_its_own_cuts(small_data):
   """Example i is chunk index_shuffle(i mod N) of epoch i // N, cut at that epoch's offset."""
   tokens = np.arange(70 * 50 + 33, dtype=np.int32)  # 50 chunks of 70 and 33 tokens to spare
-  examples = pipeline._indexed_examples(tokens, 70, small_data(batch_size=4), per_process=4,
-                                        process_index=0, first_batch=0)
+  examples = pipeline._indexed_examples(store.Tokens([tokens]), 70, small_data(batch_size=4),
+                                        share=slice(0, 4), first_batch=0)
   starts = np.array([x['targets'][0] for x in examples.take(100).as_numpy_iterator()])
   for epoch in (starts[:50], starts[50:]):
     assert len(set(epoch % 70)) == 1  # one offset per epoch, within the spare tokens
@@ -91,11 +92,10 @@ def test_an_epoch_visits_every_chunk_once_with_its_own_cuts(small_data):
 
 def test_validation_batches_come_from_the_held_out_documents(small_data):
   data = small_data()
-  _, tokens = pipeline._tokenized_corpus('bundled', 'text', 'bundled')
-  held_out = pipeline._split_tokens('bundled', 'text', 'bundled', 'validation', 0.05)
-  train = pipeline._split_tokens('bundled', 'text', 'bundled', 'train', 0.05)
-  assert len(held_out) + len(train) == sum(len(t) for t in tokens)
-  assert 0.01 < len(held_out) / len(train) < 0.1
+  held_out = store.split_tokens(data, 'validation')
+  train = store.split_tokens(data, 'train')
+  assert held_out.size + train.size == store.split_tokens(data, 'all').size == 3_461_499
+  assert 0.01 < held_out.size / train.size < 0.1
   validation = next(single(data, 'validation'))['decoder_target_tokens']
   assert not np.array_equal(validation, next(single(data))['decoder_target_tokens'])
 
@@ -109,8 +109,8 @@ def test_validation_batches_come_from_the_held_out_documents(small_data):
 ])
 def test_configs_that_cannot_work_fail_with_one_line(small_data, change, message):
   with pytest.raises(ValueError, match=message) as error:
-    next(pipeline.make_pipeline(small_data(**change), 'validation', process_index=0,
-                                process_count=2))
+    next(batches.make_batches(small_data(**change), 'validation', process_index=0,
+                              process_count=2))
   assert '\n' not in str(error.value)
 
 
@@ -127,42 +127,24 @@ def test_bad_files_are_skipped_or_refused(tmp_path, small_data):
     single(small_data(source=str(tmp_path / 'tiny' / 'a.txt'), validation_fraction=0.0))
 
 
-def test_tfds_source_streams_and_resumes_exactly(tfds_dir, small_data):
+def test_tfds_source_reads_like_files_and_holds_out_by_hash(tfds_dir, small_data):
   data = small_data(source='tfds:t5lite_test_text/short', tfds_data_dir=tfds_dir)
-  batches = single(data)
-  first = take(batches, 12)  # 96 rows: over an epoch (two blocks) of about 90
-  assert batches.state()['batch'] == 12 and batches.state()['block'] >= 2
-  state = json.loads(json.dumps(batches.state()))
-  after = take(batches, 6)
-  assert_same(take(single(data, start=state), 6), after)
-  segment_ids = np.concatenate([b['encoder_segment_ids'] for b in first])
-  assert (segment_ids.max(1) == 1).all() and (segment_ids == 0).any()  # short block ends
-  with pytest.raises(ValueError, match='not from a batch number'):
-    single(data, start=5)
+  first = take(single(data), 3)
+  assert_same(first, take(single(data), 3))
+  assert_same(take(single(data, start=2), 1), first[2:])
+  train, held_out = store.split_tokens(data, 'train'), store.split_tokens(data, 'validation')
+  assert (train.size, held_out.size) == (4082, 385)  # 135 documents with text; 12 held out
 
 
-@pytest.mark.slow  # four streamed pipelines: about 10 s on 2 cores
-def test_tfds_processes_keep_their_own_positions(tfds_dir, small_data):
-  data = small_data(source='tfds:t5lite_test_text/short', tfds_data_dir=tfds_dir)
-  states, expected = [], []
-  for p in (0, 1):
-    batches = pipeline.make_pipeline(data, 'train', process_index=p, process_count=2)
-    take(batches, 3)
-    states.append(batches.state())
-    expected.append(take(batches, 2))
-  assert [s['process_index'] for s in states] == [0, 1]
-  for p in (0, 1):  # each process picks its own position out of the list of all of them
-    resumed = pipeline.make_pipeline(data, 'train', process_index=p, process_count=2,
-                                     start=states)
-    assert_same(take(resumed, 2), expected[p])
-  with pytest.raises(ValueError, match='same count'):
-    single(data, start=states[1])
-
-
-def test_tfds_without_any_text_stops_instead_of_hanging(tfds_dir, small_data):
+def test_tfds_without_any_text_fails_with_one_line(tfds_dir, small_data):
   data = small_data(source='tfds:t5lite_test_text/empty', tfds_data_dir=tfds_dir)
-  with pytest.raises(ValueError, match='no text in a whole epoch'):
+  with pytest.raises(ValueError, match='holds no text'):
     next(single(data))
+
+
+def test_a_streamed_tfds_position_is_refused(small_data):
+  with pytest.raises(ValueError, match='a tfds: source streamed by t5lite before'):
+    single(small_data(), start={'batch': 5, 'block': 2, 'row': 1})
 
 
 def test_tfds_name_not_prepared(tmp_path, small_data):

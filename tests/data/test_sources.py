@@ -1,5 +1,6 @@
 """Text sources: the bundled corpus, files with bad bytes and empty pieces, TFDS, the split."""
 
+import collections
 import gzip
 import json
 import lzma
@@ -46,9 +47,9 @@ def test_non_utf8_paragraphs_are_skipped_not_fatal(tmp_path):
 @pytest.mark.parametrize('make_source, message', [
     (lambda d: str(d / 'missing.txt'), 'no such file'),
     (lambda d: str(d / 'nothing*.jsonl'), 'matches no files'),
-    (lambda d: str(d / 'notes.csv'), 'neither .txt nor .jsonl'),
+    (lambda d: str(d / 'notes.csv'), r'is not .txt, .jsonl \(optionally .gz, .xz or .zst\)'),
     (lambda d: str(d / 'empty.txt'), 'holds no text'),
-    (lambda d: 'tfds:c4/en:3.1.0', 'TFDS sources are streamed'),
+    (lambda d: 'tfds:c4/en:3.1.0', 'is not prepared in'),
 ])
 def test_unusable_sources_fail_with_one_line(tmp_path, make_source, message):
   (tmp_path / 'notes.csv').write_text('a,b')
@@ -81,10 +82,11 @@ def test_tfds_datasets_not_prepared_fail_with_one_line(tmp_path, name, message):
   assert '\n' not in str(error.value)
 
 
-def test_tfds_documents_read_a_prepared_dataset(tfds_dir):
-  builder = sources.tfds_builder('t5lite_test_text/short', tfds_dir)
-  assert sources.tfds_split(builder, 'validation') == ('train', 'validation')
-  texts = list(sources.tfds_documents(builder, 'train', 10, 13, 'text').as_numpy_iterator())
-  assert len(texts) == 3 and texts[0] == b''  # every tenth document is empty
+def test_tfds_inputs_are_its_file_shards_read_in_order(tfds_dir):
+  items = sources.inputs('tfds:t5lite_test_text/short', tfds_data_dir=tfds_dir)
+  assert [item.split for item in items] == [None]  # no published validation split: by hash
+  skipped = collections.Counter()
+  texts = list(items[0].documents(skipped))
+  assert len(texts) == 135 and skipped == {'empty_documents': 15}  # every tenth one is empty
   with pytest.raises(ValueError, match="no text feature 'body'"):
-    sources.tfds_documents(builder, 'train', 0, 1, 'body')
+    sources.inputs('tfds:t5lite_test_text/short', 'body', tfds_dir)

@@ -17,7 +17,6 @@ from t5lite.commands import plan
 from t5lite.data import batches
 from t5lite.data import noise
 from t5lite.data import packing
-from t5lite.data import pipeline
 from t5lite.objectives import base
 from t5lite.train import mesh as mesh_lib
 
@@ -49,10 +48,10 @@ def test_every_objective_is_tested():
 
 @pytest.mark.parametrize('objective', sorted(BATCHES))
 def test_batches_are_bit_identical_to_before(objective):
-  batches = pipeline.make_pipeline(data_config(objective).data, 'train', process_index=0,
-                                   process_count=1)
+  first = batches.make_batches(data_config(objective).data, 'train', process_index=0,
+                               process_count=1)
   digest = hashlib.sha256()
-  for batch in itertools.islice(batches, 3):
+  for batch in itertools.islice(first, 3):
     for name in sorted(batch):
       digest.update(name.encode() + batch[name].tobytes())
   assert digest.hexdigest()[:24] == BATCHES[objective]
@@ -61,7 +60,7 @@ def test_batches_are_bit_identical_to_before(objective):
 @pytest.mark.parametrize('objective', sorted(LENGTHS))
 def test_synthetic_batches_have_the_pipelines_features(objective):
   data = data_config(objective, batch_size=8).data
-  text = next(pipeline.make_pipeline(data, 'train', process_index=0, process_count=1))
+  text = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
   data.source = batches.SYNTHETIC
   synthetic = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
   assert {k: (v.shape, v.dtype) for k, v in synthetic.items()} == {
@@ -71,7 +70,7 @@ def test_synthetic_batches_have_the_pipelines_features(objective):
 @pytest.mark.parametrize('objective', sorted(LENGTHS))
 def test_plans_abstract_batch_is_what_the_pipeline_feeds(objective):
   data = data_config(objective, batch_size=8).data
-  batch = next(pipeline.make_pipeline(data, 'train', process_index=0, process_count=1))
+  batch = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
   mesh = mesh_lib.make_mesh(config_lib.load(TINY).mesh, jax.devices()[:1])
   abstract = plan.abstract_batch(data, mesh_lib.batch_sharding(
       mesh, mesh_lib.rule_table(config_lib.base_config().mesh.rules)))
@@ -143,11 +142,11 @@ def test_a_new_objective_is_one_class_and_one_registry_line(tmp_path, monkeypatc
            '--config.model.d_kv=16', '--config.model.num_decoder_layers=1',
            '--config.train.steps=2', '--config.train.eval_every=0', '--config.optim.warmup_steps=0',
            '--config.checkpoint.async_save=false']
-  batch = next(pipeline.make_pipeline(data_config('causal_lm').data, 'train', process_index=0,
+  batch = next(batches.make_batches(data_config('causal_lm').data, 'train', process_index=0,
                                       process_count=1))
   config = data_config('causal_lm')
   config.data.objective = 'reversed_lm'
-  reversed_batch = next(pipeline.make_pipeline(config.data, 'train', process_index=0,
+  reversed_batch = next(batches.make_batches(config.data, 'train', process_index=0,
                                                process_count=1))
   np.testing.assert_array_equal(reversed_batch['decoder_target_tokens'],
                                 batch['decoder_target_tokens'][:, ::-1])
