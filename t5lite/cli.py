@@ -162,6 +162,18 @@ EPILOG = ('Every setting of the config can be overridden as --config.a.b=value (
           "type the setting has). A mistake stops with one line and exit status 2; "
           'T5LITE_DEBUG=1 shows the traceback instead.')
 
+# The page of docs/ that covers each command, named on the last line of its --help; `t5lite
+# --help` names the map. A new command adds its line here (tests/test_cli_help.py checks).
+DOCS_PAGES = {'train': 'training.md', 'eval': 'training.md', 'data': 'corpus.md',
+              'tokenizer': 'corpus.md', 'export': 'hugging-face.md',
+              'import-hf': 'hugging-face.md', 'finetune': 'finetuning.md',
+              'infer': 'finetuning.md', 'plan': 'plan.md'}
+
+
+def epilog(command: str | None = None) -> str:
+  """EPILOG, then a line naming the docs page (relative to the t5lite checkout)."""
+  return f'{EPILOG}\n\ndocs: docs/{DOCS_PAGES.get(command, "README.md")}'
+
 
 class Parser(argparse.ArgumentParser):
   """argparse's parser, whose refusals (a missing or malformed flag) are one line too."""
@@ -171,7 +183,12 @@ class Parser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-  """Shows each flag's default where it has one worth showing (not None or an unset switch)."""
+  """Shows each flag's default where it has one worth showing (not None or an unset switch), and
+  keeps the paragraphs of a description or epilog apart (argparse would run them together)."""
+
+  def _fill_text(self, text, width, indent):
+    fill = super()._fill_text
+    return '\n\n'.join(fill(paragraph, width, indent) for paragraph in text.split('\n\n'))
 
   def _get_help_string(self, action):
     if action.default in (None, False, argparse.SUPPRESS) or action.required:
@@ -181,9 +198,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
 def parser() -> argparse.ArgumentParser:
   top = Parser(prog='t5lite', description='T5-family pretraining in JAX/Flax.',
-              epilog=EPILOG)
+              epilog=epilog(), formatter_class=HelpFormatter)
   sub = top.add_subparsers(dest='command', required=True, metavar='command')
-  parsers = {name: sub.add_parser(name, help=text, description=text, epilog=EPILOG,
+  parsers = {name: sub.add_parser(name, help=text, description=text, epilog=epilog(name),
                                   formatter_class=HelpFormatter)
              for name, (_, text) in COMMANDS.items()}
   for name in ('train', 'eval', 'data', 'export', 'plan'):

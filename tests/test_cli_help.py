@@ -1,6 +1,7 @@
 """`t5lite COMMAND --help` documents every flag, its default, the overrides and T5LITE_DEBUG."""
 
 import argparse
+import pathlib
 
 import pytest
 
@@ -24,6 +25,21 @@ def test_every_flag_has_a_help_line_and_the_epilog_names_overrides_and_debug(com
   for action in flags:
     if action.default not in (None, False) and not action.required:
       assert f'(default: {action.default})' in text, (command, action.option_strings)
+
+
+def test_every_help_ends_with_the_docs_page_that_covers_it():
+  """The last line of `t5lite --help` and of each `t5lite COMMAND --help` names a page of docs/
+  that exists; every command has its own page (cli.DOCS_PAGES), not the map's fallback."""
+  root = pathlib.Path(__file__).parents[1]
+  helps = {'t5lite': cli.parser().format_help(),
+           **{name: sub.format_help() for name, sub in subparsers().items()}}
+  assert set(cli.DOCS_PAGES) == set(subparsers()), 'one docs page per command, no stale ones'
+  for name, text in helps.items():
+    last = text.rstrip().splitlines()[-1]
+    assert last.startswith('docs: docs/'), (name, last)
+    assert (root / last.removeprefix('docs: ')).is_file(), (name, last)
+    expected = cli.DOCS_PAGES.get(name, 'README.md')
+    assert last == f'docs: docs/{expected}', (name, last)
 
 
 def test_defaults_are_shown_where_they_say_something():

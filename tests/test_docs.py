@@ -96,3 +96,12 @@ def test_every_make_command_names_a_target():
   for doc, words in commands('make'):
     named = [w for w in words if '=' not in w and not w.startswith('-')]
     assert named and set(named) <= targets, f'{doc}: make {" ".join(words)}'
+
+
+def test_the_readme_is_a_landing_page():
+  """What, for whom, set-up, a tour, what is measured and the map: the rest lives in docs/."""
+  lines = DOCS[0].read_text(encoding='utf-8').splitlines()
+  assert len(lines) <= 200, f'README.md has {len(lines)} lines: move the detail to a docs/ page'
+  linked = {target.partition('#')[0] for target in LINK.findall('\n'.join(lines))}
+  pages = {str(page.relative_to(ROOT)) for page in (ROOT / 'docs').glob('*.md')}
+  assert pages - {'docs/README.md'} <= linked, 'every docs/ page is on the README map'
