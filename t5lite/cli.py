@@ -167,7 +167,7 @@ EPILOG = ('Every setting of the config can be overridden as --config.a.b=value (
 DOCS_PAGES = {'train': 'training.md', 'eval': 'training.md', 'data': 'corpus.md',
               'tokenizer': 'corpus.md', 'export': 'hugging-face.md',
               'import-hf': 'hugging-face.md', 'finetune': 'finetuning.md',
-              'infer': 'finetuning.md', 'plan': 'plan.md'}
+              'infer': 'finetuning.md', 'plan': 'plan.md', 'prepare': 'corpus.md'}
 
 
 def epilog(command: str | None = None) -> str:
