@@ -74,6 +74,7 @@ def test_gpt2_text_generation(tmp_path):
   assert greedy == VOCAB.decode(prompt + ours)
 
 
+@pytest.mark.filterwarnings('ignore:Using the model-agnostic default `max_length`')  # wanted
 @pytest.mark.parametrize('kind', ['t5_v1_0', 't5_v1_1', 'bart'])
 def test_encoder_decoder_generate(kind, tmp_path):
   """T5 and BART: the tokenizer ends the text in EOS, as span corruption's and BART's inputs
