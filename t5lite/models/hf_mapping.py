@@ -1,11 +1,12 @@
 """How a family is a Hugging Face model (its `Family.hf`), and the pieces BERT-layer families share.
 
-A family names every tensor (`HfModel.table`); t5lite/export/hf.py does the rest. The transform is
-PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in) flattened and
-transposed, and our (heads, d_kv) biases are flattened. GPT-2's Conv1D keeps (in, out)
-(`Row.conv1d`) and fuses q, k and v into one tensor: rows that name one tensor are its parts,
-concatenated along HF's output dim in table order. HF's table may have rows before ours
-(`Row.leading_rows`: BART's positions start at row 2, RoBERTa's at pad_token_id + 1).
+A family names every tensor (`HfModel.table`) and the special tokens its tokenizer adds
+(`HfModel.text`); t5lite/export/ does the rest. The transform is PyTorch's Linear layout: our
+kernel (in..., out...) is HF's weight (out, in) flattened and transposed, and our (heads, d_kv)
+biases are flattened. GPT-2's Conv1D keeps (in, out) (`Row.conv1d`) and fuses q, k and v into one
+tensor: rows that name one tensor are its parts, concatenated along HF's output dim in table
+order. HF's table may have rows before ours (`Row.leading_rows`: BART's positions start at row 2,
+RoBERTa's at pad_token_id + 1).
 BERT-style attention divides q.k by sqrt(d_kv), which ours folds into the query weights: a
 BERT-layer table multiplies HF's query weight and bias by sqrt(d_kv).
 """
