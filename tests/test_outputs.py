@@ -21,7 +21,8 @@ from tests.fs import snapshot
 
 EXPORT = ('config.json', 'model.safetensors')
 # What `t5lite export` writes: the model, then the tokenizer.
-EXPORTED = EXPORT + ('spiece.model', 'tokenizer_config.json', 'special_tokens_map.json')
+EXPORTED = EXPORT + ('spiece.model', 'tokenizer.json', 'tokenizer_config.json',
+                     'special_tokens_map.json')
 
 
 def is_infer_output(path: str) -> bool:
@@ -234,8 +235,8 @@ ELSEWHERE = 'give a new or empty folder, or --overwrite to replace'
                  'folder; give a folder', id='export-file'),
     pytest.param(['export', '--out={tmp}/theirs'], '--out={tmp}/theirs holds README.md, which '
                  f'this command does not write; {ELSEWHERE} config.json, model.safetensors, '
-                 'spiece.model, tokenizer_config.json and special_tokens_map.json in it',
-                 id='export-foreign-folder'),
+                 'spiece.model, tokenizer.json, tokenizer_config.json and '
+                 'special_tokens_map.json in it', id='export-foreign-folder'),
     pytest.param(['infer', '--input=a', '--out={run}/out.jsonl'], '--out={run}/out.jsonl is '
                  'inside --workdir={run}; write it outside the workdir', id='infer-in-workdir'),
     pytest.param(['infer', '--input=a', '--out={tmp}/notes.txt'], '--out={tmp}/notes.txt is a '
@@ -276,11 +277,12 @@ def test_export_replaces_an_earlier_export_and_overwrite_keeps_other_files(workd
   assert sorted(first) == sorted(EXPORTED)
   assert cli.main(export) == 0  # an earlier export: replaced, the same bytes
   assert snapshot(out) == first and os.listdir(tmp_path) == ['hf']
-  (out / 'tokenizer.json').write_text('theirs')
+  (out / 'generation_config.json').write_text('theirs')
   assert cli.main(export) == 2
   assert cli.main([*export, '--overwrite']) == 0
-  assert snapshot(out) == {**first, 'tokenizer.json': snapshot(tmp_path)['hf/tokenizer.json']}
-  assert (out / 'tokenizer.json').read_text() == 'theirs'
+  theirs = snapshot(tmp_path)['hf/generation_config.json']
+  assert snapshot(out) == {**first, 'generation_config.json': theirs}
+  assert (out / 'generation_config.json').read_text() == 'theirs'
 
 
 def test_infer_and_data_write_exactly_where_they_say(workdir, tmp_path, capsys):

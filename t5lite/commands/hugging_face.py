@@ -30,16 +30,17 @@ def export_workdir(config: ml_collections.ConfigDict, workdir: str, out_dir: str
   `out_dir` may be written, checked before the restore: t5lite/outputs.py."""
   model_cfg = config_lib.model_config(config)
   # a model export cannot write fails here, before the restore
-  folders = [model.folder for model in hf.hf_models(model_cfg)]
-  outputs.check_folder(out_dir, [os.path.join(folder, name) for folder in folders
+  hf_models = hf.hf_models(model_cfg)
+  outputs.check_folder(out_dir, [os.path.join(model.folder, name) for model in hf_models
                                  for name in (hf.CONFIG_FILE, hf.WEIGHTS_FILE, *tokenizer.FILES)],
                        workdir=workdir, overwrite=overwrite)
   step, params = run_lib.make_run(config).restore_params(workdir, step)
   with outputs.writing(out_dir, folder=True) as temp:
     hf.export_hf(jax.device_get(params), model_cfg, temp)
     learned = model_cfg.position == 'learned'  # the longest input the model has positions for
-    for folder in folders:
-      tokenizer.export_tokenizer(config.data.vocabulary, os.path.join(temp, folder),
+    for model in hf_models:
+      tokenizer.export_tokenizer(config.data.vocabulary, os.path.join(temp, model.folder),
+                                 model.text,
                                  model_max_length=model_cfg.max_length if learned else None)
   return step
 

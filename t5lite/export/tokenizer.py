@@ -1,15 +1,19 @@
 """Hugging Face tokenizer files for an export folder, and t5lite's vocabulary back from one.
 
 Export writes what `transformers.AutoTokenizer.from_pretrained(folder)` needs to encode every
-text to t5lite's ids, with no network and no tokenizer.json (transformers 5 builds its fast
-tokenizer from spiece.model itself, offline):
-- spiece.model: the SentencePiece model, byte for byte; HF's T5 tokenizer appends the 100
-  sentinels `<extra_id_99>` ... `<extra_id_0>` after its pieces, T5's ids exactly;
-- tokenizer_config.json: tokenizer_class T5Tokenizer, named because every family exports this
-  vocabulary, and AutoTokenizer would otherwise pick the class of config.json's model_type
-  (BERT's WordPiece, GPT-2's byte-level BPE, ...); clean_up_tokenization_spaces off, so that
-  decoding does not glue punctuation where SentencePiece would not;
-- special_tokens_map.json: eos, pad, unk and the sentinels, as HF's own T5 folders have them.
+text to the ids the folder's model read in pretraining, special tokens included (`TextTemplate`,
+models/hf_mapping.py: T5's and BART's EOS after the text, GPT-2's start token before it, BERT's
+[CLS] and [SEP], nothing around MLM text), with no network:
+- spiece.model: the SentencePiece model, byte for byte, which import reads back;
+- tokenizer.json: the same vocabulary as HF's T5 conversion writes it (unigram pieces and scores,
+  T5's 100 sentinels `<extra_id_99>` ... `<extra_id_0>` after them, T5's ids exactly, the
+  normalizer's precompiled charsmap) with the model's template as its post-processor;
+- tokenizer_config.json: the template's tokenizer_class (named because every family exports
+  this vocabulary, and AutoTokenizer would otherwise pick the class of config.json's model_type:
+  BERT's WordPiece, GPT-2's byte-level BPE, ...), the special tokens, the inputs the model takes
+  (token types only for BERT's pairs), clean_up_tokenization_spaces off, so that decoding does
+  not glue punctuation where SentencePiece would not;
+- special_tokens_map.json: the special tokens and the sentinels, as HF's own T5 folders have them.
 
 Import reads a folder's spiece.model or, failing that, rebuilds the SentencePiece model from a
 unigram tokenizer.json (what HF saves), which encodes the same: same pieces, scores, types and
@@ -26,32 +30,82 @@ from t5lite import files
 from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.data.vocabulary import NUM_SENTINELS
+from t5lite.models.hf_mapping import TextTemplate
+from t5lite.token_ids import UNK_ID
 
 SPIECE_FILE = 'spiece.model'
+TOKENIZER_JSON_FILE = 'tokenizer.json'
 CONFIG_FILE = 'tokenizer_config.json'
 SPECIAL_TOKENS_FILE = 'special_tokens_map.json'
-FILES = (SPIECE_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)  # what export_tokenizer writes
-TOKENIZER_JSON_FILE = 'tokenizer.json'  # read by import_tokenizer only
+FILES = (SPIECE_FILE, TOKENIZER_JSON_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)  # export writes
 
 SPECIAL_TOKENS = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
 SENTINELS = tuple(f'<extra_id_{n}>' for n in range(NUM_SENTINELS))
+METASPACE = {'type': 'Metaspace', 'replacement': '\u2581', 'prepend_scheme': 'always',
+             'split': True}  # SentencePiece's dummy prefix: '▁' before each word
 
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
-def export_tokenizer(vocabulary_spec: str, out_dir: str, *,
+def export_tokenizer(vocabulary_spec: str, out_dir: str, text: TextTemplate, *,
                      model_max_length: int | None = None) -> None:
-  """Writes FILES for `vocabulary_spec` (`data.vocabulary`) into the existing folder `out_dir`."""
+  """Writes FILES for `vocabulary_spec` (`data.vocabulary`) into the existing folder `out_dir`,
+  adding by default what `text` says the model read around a text."""
   vocab = vocabulary.load_vocabulary(vocabulary_spec)
-  config = {'tokenizer_class': 'T5Tokenizer', 'extra_ids': NUM_SENTINELS, **SPECIAL_TOKENS,
-            'clean_up_tokenization_spaces': False}
+  special_tokens = {**SPECIAL_TOKENS, **text.special_tokens}
+  inputs = ['input_ids', 'token_type_ids', 'attention_mask'] if ':1' in text.pair else [
+      'input_ids', 'attention_mask']  # HF's T5 and GPT-2 take no token types
+  config = {'tokenizer_class': text.tokenizer_class, 'extra_ids': NUM_SENTINELS, **special_tokens,
+            'model_input_names': inputs, 'clean_up_tokenization_spaces': False}
   if model_max_length is not None:
     config['model_max_length'] = model_max_length
   out = paths.path(out_dir)
   (out / SPIECE_FILE).write_bytes(vocab.model_proto)
+  (out / TOKENIZER_JSON_FILE).write_text(json.dumps(_tokenizer_json(vocab, text)) + '\n')
   (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
-  special_tokens = {**SPECIAL_TOKENS, 'additional_special_tokens': SENTINELS}
+  special_tokens['additional_special_tokens'] = SENTINELS
   (out / SPECIAL_TOKENS_FILE).write_text(json.dumps(special_tokens, indent=2) + '\n')
+
+
+def _tokenizer_json(vocab: vocabulary.Vocabulary, text: TextTemplate) -> dict:
+  """The tokenizer.json of `vocab` with `text`'s post-processor: what `_proto_from_spec` reads
+  back. Control pieces and sentinels are special added tokens, user-defined pieces plain ones."""
+  proto = sentencepiece_model_pb2.ModelProto.FromString(vocab.model_proto)
+  pieces = [[p.piece, p.score] for p in proto.pieces] + [[s, 0.0] for s in SENTINELS[::-1]]
+  types = [p.type for p in proto.pieces] + [_Piece.CONTROL] * NUM_SENTINELS
+  added = [{'id': i, 'content': piece, 'single_word': False, 'lstrip': False, 'rstrip': False,
+            'normalized': False, 'special': kind != _Piece.USER_DEFINED}
+           for i, ((piece, _), kind) in enumerate(zip(pieces, types))
+           if kind in (_Piece.CONTROL, _Piece.UNKNOWN, _Piece.USER_DEFINED)]
+  charsmap = proto.normalizer_spec.precompiled_charsmap
+  return {
+      'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
+      'normalizer': {'type': 'Precompiled',
+                     'precompiled_charsmap': base64.b64encode(charsmap).decode()
+                     } if charsmap else None,
+      'pre_tokenizer': {'type': 'Sequence',
+                        'pretokenizers': [{'type': 'WhitespaceSplit'}, METASPACE]},
+      'post_processor': _template_processing(text, {piece: i for i, (piece, _) in
+                                                    enumerate(pieces)}),
+      'decoder': {**METASPACE, 'prepend_scheme': 'never'} if text.continues else METASPACE,
+      'model': {'type': 'Unigram', 'unk_id': UNK_ID, 'vocab': pieces, 'byte_fallback': False},
+  }
+
+
+def _template_processing(text: TextTemplate, ids: dict[str, int]) -> dict:
+  """HF's TemplateProcessing of `text`, its special tokens' ids from `ids` (piece -> id)."""
+  def parts(template: str) -> list[dict]:
+    """'<pad> $A $B:1' -> a SpecialToken, then Sequences A and B (B of type id 1)."""
+    items = [item.partition(':')[::2] for item in template.split()]
+    return [{'Sequence': {'id': name[1:], 'type_id': int(type_id or 0)}} if name[0] == '$' else
+            {'SpecialToken': {'id': name, 'type_id': int(type_id or 0)}}
+            for name, type_id in items]
+
+  special = {part['SpecialToken']['id'] for part in parts(f'{text.single} {text.pair}')
+             if 'SpecialToken' in part}
+  return {'type': 'TemplateProcessing', 'single': parts(text.single), 'pair': parts(text.pair),
+          'special_tokens': {name: {'id': name, 'ids': [ids[name]], 'tokens': [name]}
+                             for name in sorted(special)}}
 
 
 def import_tokenizer(hf_dir: str) -> bytes | None:

@@ -10,10 +10,11 @@ as `decoding.generate` does.
 
 Token ids: as training shifts targets right, `decoding.generate` puts the start token 0 before
 each prompt. It is config.json's bos_token_id, so HF's `generate()` without inputs starts from it,
-and an HF prompt begins with it. It is also our pad id, but config.json names no pad_token_id (nor
-does OpenAI's GPT-2): HF would infer from it an attention mask that hides the start token. Batches
-go to HF left-padded with their attention_mask, as HF decodes them. EOS 1 ends a row; HF fills the
-rows that ended with EOS where ours hold 0, unless `generate()` is given pad_token_id=0 too.
+and the exported tokenizer puts it before every text (`hf_mapping.CAUSAL_TEXT`). It is also our
+pad id, but config.json names no pad_token_id (nor does OpenAI's GPT-2): HF would infer from it
+an attention mask that hides the start token. Batches go to HF left-padded with their
+attention_mask, as HF decodes them. EOS 1 ends a row; HF fills the rows that ended with EOS where
+ours hold 0, unless `generate()` is given pad_token_id=0 too.
 """
 
 from collections.abc import Mapping
@@ -132,6 +133,6 @@ FAMILY = Family(
     arch='decoder', model=DecoderOnly, sides=('decoder',), objective=None, stacks=('decoder',),
     shapes=shapes, check=check, prompt='decoder',
     hf=(HfModel('GPT-2', 'GPT2LMHeadModel', 'gpt2', check=hf_check, config=hf_config,
-                table=hf_table, load=hf_load,
+                table=hf_table, text=hf_mapping.CAUSAL_TEXT, load=hf_load,
                 data=lambda cfg: dict(objective='causal_lm', inputs_length=0,
                                       targets_length=cfg.max_length)),))

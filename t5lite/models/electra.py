@@ -188,8 +188,10 @@ FAMILY = Family(
     arch='electra', model=Electra, sides=('encoder',), objective='electra',
     stacks=('generator', 'discriminator'), shapes=shapes, check=check, prompt=None,
     hf=(HfModel('ELECTRA', 'ElectraForPreTraining', 'electra', check=hf_check,
-                config=discriminator_config, table=discriminator_table, extra=zero_token_types,
+                config=discriminator_config, table=discriminator_table, text=hf_mapping.RAW_TEXT,
+                extra=zero_token_types,
                 load=discriminator_load, data=data),
         HfModel('ELECTRA', 'ElectraForMaskedLM', 'electra', check=hf_check,
-                config=generator_hf_config, table=generator_table, extra=zero_token_types,
+                config=generator_hf_config, table=generator_table, text=hf_mapping.MASKED_TEXT,
+                extra=zero_token_types,
                 load=generator_load, data=data, folder=GENERATOR_FOLDER)))

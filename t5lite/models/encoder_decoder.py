@@ -292,9 +292,10 @@ FAMILY = Family(
     arch='encoder_decoder', model=EncoderDecoder, sides=('encoder', 'decoder'), objective=None,
     stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder',
     hf=(HfModel('BART', 'BartForConditionalGeneration', 'bart', check=bart_check,
-                config=bart_config, table=bart_table, extra=bart_zero_logits_bias, load=bart_load,
+                config=bart_config, table=bart_table, text=hf_mapping.T5_TEXT,
+                extra=bart_zero_logits_bias, load=bart_load,
                 fits=lambda cfg: cfg.position == 'learned',
                 data=lambda cfg: dict(objective='bart', inputs_length=min(cfg.max_length, 512),
                                       targets_length=min(cfg.max_length, 512))),
         HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
-                table=t5_table, load=t5_load)))
+                table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load)))

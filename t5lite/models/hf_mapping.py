@@ -1,11 +1,12 @@
 """How a family is a Hugging Face model (its `Family.hf`), and the pieces BERT-layer families share.
 
-A family names every tensor (`HfModel.table`); t5lite/export/hf.py does the rest. The transform is
-PyTorch's Linear layout: our kernel (in..., out...) is HF's weight (out, in) flattened and
-transposed, and our (heads, d_kv) biases are flattened. GPT-2's Conv1D keeps (in, out)
-(`Row.conv1d`) and fuses q, k and v into one tensor: rows that name one tensor are its parts,
-concatenated along HF's output dim in table order. HF's table may have rows before ours
-(`Row.leading_rows`: BART's positions start at row 2, RoBERTa's at pad_token_id + 1).
+A family names every tensor (`HfModel.table`) and the special tokens its tokenizer adds
+(`HfModel.text`); t5lite/export/ does the rest. The transform is PyTorch's Linear layout: our
+kernel (in..., out...) is HF's weight (out, in) flattened and transposed, and our (heads, d_kv)
+biases are flattened. GPT-2's Conv1D keeps (in, out) (`Row.conv1d`) and fuses q, k and v into one
+tensor: rows that name one tensor are its parts, concatenated along HF's output dim in table
+order. HF's table may have rows before ours (`Row.leading_rows`: BART's positions start at row 2,
+RoBERTa's at pad_token_id + 1).
 BERT-style attention divides q.k by sqrt(d_kv), which ours folds into the query weights: a
 BERT-layer table multiplies HF's query weight and bias by sqrt(d_kv).
 """
@@ -44,6 +45,32 @@ class Row(NamedTuple):
   leading_rows: int = 0
 
 
+class TextTemplate(NamedTuple):
+  """The special tokens a model read around its text in pretraining, which its exported tokenizer
+  adds by default: HF's TemplateProcessing over one text and a pair ('$B:1': segment B), and the
+  tokenizer's other special tokens by role."""
+  single: str  # '$A </s>': the text, then EOS
+  pair: str
+  special_tokens: dict[str, str] = {}  # role -> token: {'mask_token': '<extra_id_0>'}
+  # T5Tokenizer sets T5's template itself; any other is read from tokenizer.json by the generic
+  # class
+  tokenizer_class: str = 'PreTrainedTokenizerFast'
+  # A causal LM's: decoded text keeps its first space, as a continuation of the prompt does
+  continues: bool = False
+
+
+# What t5lite's objectives (t5lite/data/noise.py) give each model. The rows of MLM and causal LM
+# are cut anywhere from concatenated text: nothing marks their ends. MLM and BART mask with
+# <extra_id_0>, next-sentence pairs are [CLS] A [SEP] B [SEP] with <extra_id_1> and <extra_id_2>.
+T5_TEXT = TextTemplate('$A </s>', '$A </s> $B </s>', tokenizer_class='T5Tokenizer')  # BART's too
+RAW_TEXT = TextTemplate('$A', '$A $B')  # ELECTRA's discriminator: no masks either
+MASKED_TEXT = RAW_TEXT._replace(special_tokens={'mask_token': '<extra_id_0>'})
+SENTENCE_PAIR_TEXT = TextTemplate(
+    '<extra_id_1> $A <extra_id_2>', '<extra_id_1> $A <extra_id_2> $B:1 <extra_id_2>:1',
+    {'mask_token': '<extra_id_0>', 'cls_token': '<extra_id_1>', 'sep_token': '<extra_id_2>'})
+CAUSAL_TEXT = TextTemplate('<pad> $A', '<pad> $A $B', {'bos_token': '<pad>'}, continues=True)
+
+
 class HfModel(NamedTuple):
   """A Hugging Face model a family exports as (and imports from, given `load`)."""
   name: str  # in messages: 'T5'
@@ -52,6 +79,7 @@ class HfModel(NamedTuple):
   check: Callable[[ModelConfig], None]  # refuses in one line a config HF's model cannot be
   config: Callable[[ModelConfig], dict[str, Any]]  # the rest of config.json
   table: Callable[[ModelConfig], list[Row]]  # every tensor of HF's model we have
+  text: TextTemplate  # what its tokenizer adds around a text
   # HF's tensors we lack, written as they are (ELECTRA's token types, BART's final_logits_bias:
   # zeros)
   extra: Callable[[ModelConfig], dict[str, np.ndarray]] | None = None

@@ -1,6 +1,7 @@
 """Tokenizer export: transformers' AutoTokenizer, loaded offline from the exported files, gives
-t5lite's ids for every text, with the bundled vocabulary and with one trained here; import reads
-the SentencePiece model back, from spiece.model or from the tokenizer.json transformers saves.
+t5lite's ids for every text, with the bundled vocabulary and with one trained here, and around
+them the special tokens each family's model read in pretraining; import reads the SentencePiece
+model back, from spiece.model or from the tokenizer.json transformers saves.
 """
 
 import json
@@ -15,6 +16,8 @@ from sentencepiece import sentencepiece_model_pb2
 
 from t5lite.data import sources, vocabulary
 from t5lite.export.tokenizer import FILES, export_tokenizer, import_tokenizer
+from t5lite.models import hf_mapping
+from t5lite.models.registry import FAMILIES
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
 transformers = pytest.importorskip('transformers')
@@ -55,7 +58,7 @@ def exported(request, trained_model, tmp_path_factory):
   spec = 'bundled' if request.param == 'bundled' else trained_model
   source = BUNDLED_MODEL if spec == 'bundled' else pathlib.Path(trained_model)
   folder = tmp_path_factory.mktemp(f'hf_{request.param}')
-  export_tokenizer(spec, str(folder), model_max_length=MAX_LENGTH)
+  export_tokenizer(spec, str(folder), hf_mapping.T5_TEXT, model_max_length=MAX_LENGTH)
   tok = transformers.AutoTokenizer.from_pretrained(str(folder))
   return source, vocabulary.load_vocabulary(spec), folder, tok
 
@@ -66,10 +69,16 @@ def assert_encodes_as_t5lite(tok, vocab, texts):
     assert tok(text).input_ids == vocab.encode(text) + [EOS_ID], text
 
 
-def test_export_writes_the_files_hf_reads(exported):
+def test_export_writes_the_files_hf_reads(exported, tmp_path):
+  """spiece.model is the source's bytes, and tokenizer.json what transformers converts it to."""
   source, vocab, folder, tok = exported
   assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
   assert (folder / 'spiece.model').read_bytes() == source.read_bytes()
+  shutil.copy(source, tmp_path / 'spiece.model')
+  (tmp_path / 'tokenizer_config.json').write_text('{"tokenizer_class": "T5Tokenizer"}')
+  transformers.AutoTokenizer.from_pretrained(str(tmp_path)).save_pretrained(str(tmp_path / 'hf'))
+  assert (json.loads((folder / 'tokenizer.json').read_text())
+          == json.loads((tmp_path / 'hf' / 'tokenizer.json').read_text()))
   config = json.loads((folder / 'tokenizer_config.json').read_text())
   assert (config['tokenizer_class'], config['extra_ids']) == ('T5Tokenizer', 100)
   assert type(tok).__name__ == 'T5Tokenizer' and tok.model_max_length == MAX_LENGTH
@@ -117,14 +126,65 @@ def test_explicit_classes_load_the_folder(exported, texts, name):
   assert tok.convert_tokens_to_ids('<extra_id_0>') == vocab.sentinel_id(0)
 
 
-@pytest.mark.parametrize('model_type', ['t5', 'bert', 'roberta', 'gpt2', 'bart', 'electra'])
-def test_every_family_folder_loads_t5_tokenizer(trained_model, texts, tmp_path, model_type):
-  """AutoTokenizer follows tokenizer_class, not the model_type of the folder's config.json."""
-  export_tokenizer(trained_model, str(tmp_path))
-  (tmp_path / 'config.json').write_text(json.dumps({'model_type': model_type}))
+HF_MODELS = {hf.architecture: hf for family in FAMILIES.values() for hf in family.hf}
+MASKED = {'BertForMaskedLM', 'RobertaForMaskedLM', 'ElectraForMaskedLM', 'BertForPreTraining',
+          'BertForNextSentencePrediction'}  # pretrained on text masked with <extra_id_0>
+
+
+def pretraining_row(architecture: str, vocab, a: list[int], b: list[int]
+                    ) -> tuple[list[int], list[int]]:
+  """Texts a and b (ids) as the model's pretraining rows hold them (t5lite/data/noise.py), and
+  the token types: T5's and BART's inputs end in EOS, GPT-2's rows start with the start token 0
+  and never end, MLM rows are text alone, BERT's pairs are [CLS] A [SEP] B [SEP] (<extra_id_1>,
+  <extra_id_2>), B's of type 1."""
+  if architecture.startswith(('T5', 'Bart')):
+    ids = a + [EOS_ID] + (b + [EOS_ID] if b else [])
+  elif architecture == 'GPT2LMHeadModel':
+    ids = [PAD_ID] + a + b
+  elif architecture.startswith('BertFor') and architecture != 'BertForMaskedLM':
+    cls, sep = vocab.sentinel_id(1), vocab.sentinel_id(2)
+    first = [cls] + a + [sep]
+    return first + (b + [sep] if b else []), [0] * len(first) + [1] * (len(b) + 1 if b else 0)
+  else:
+    ids = a + b
+  return ids, [0] * len(ids)
+
+
+@pytest.mark.parametrize('architecture', sorted(HF_MODELS))
+def test_every_family_folder_adds_what_its_model_read(trained_model, texts, tmp_path,
+                                                      architecture):
+  """AutoTokenizer follows tokenizer_class, not the model_type of the folder's config.json, and
+  adds by default what `pretraining_row` says; token types only where the model reads them."""
+  hf = HF_MODELS[architecture]
+  vocab = vocabulary.load_vocabulary(trained_model)
+  export_tokenizer(trained_model, str(tmp_path), hf.text)
+  (tmp_path / 'config.json').write_text(json.dumps({'model_type': hf.model_type}))
   tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-  assert type(tok).__name__ == 'T5Tokenizer'
-  assert_encodes_as_t5lite(tok, vocabulary.load_vocabulary(trained_model), texts)
+  assert type(tok).__name__ == ('T5Tokenizer' if hf.model_type in ('t5', 'bart') else
+                                'TokenizersBackend')
+  for text in texts:
+    ids = vocab.encode(text)
+    assert tok(text, add_special_tokens=False).input_ids == ids, text
+    assert tok(text).input_ids == pretraining_row(architecture, vocab, ids, [])[0], text
+  a, b = texts[0][:200], texts[1][:200]
+  ids, types = pretraining_row(architecture, vocab, vocab.encode(a), vocab.encode(b))
+  pair = tok(a, b)
+  assert pair.input_ids == ids
+  assert pair.get('token_type_ids', [0] * len(ids)) == types
+  assert ('token_type_ids' in pair) == any(types)  # HF's T5 and GPT-2 take no types
+  assert tok.mask_token_id == (vocab.sentinel_id(0) if architecture in MASKED else None)
+
+
+@pytest.mark.parametrize('text', [hf_mapping.T5_TEXT, hf_mapping.CAUSAL_TEXT])
+def test_a_causal_lm_decodes_its_continuation_with_its_space(text, trained_model, tmp_path):
+  """HF's text-generation pipeline writes the prompt, then the decoded new tokens: those of a
+  causal LM keep their first space; T5's decode as SentencePiece does, without it."""
+  export_tokenizer(trained_model, str(tmp_path), text)
+  tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  vocab = vocabulary.load_vocabulary(trained_model)
+  prompt, continuation = vocab.encode('The first'), vocab.encode('and the second')
+  assert tok.decode(continuation) == (' and the second' if text.continues else 'and the second')
+  assert vocab.decode(prompt + continuation) == 'The first and the second'
 
 
 def test_import_gives_the_exported_bytes(exported):

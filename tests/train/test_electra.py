@@ -135,6 +135,11 @@ def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):
   assert generator['architectures'] == ['ElectraForMaskedLM']
   assert (generator['hidden_size'], generator['embedding_size']) == (32, 64)
   assert os.path.isfile(os.path.join(hf_dir, 'generator', 'spiece.model'))
+  masks = []  # each tokenizer is its model's: the generator's masks, the discriminator's does not
+  for folder in ('', 'generator'):
+    with open(os.path.join(hf_dir, folder, 'tokenizer_config.json'), encoding='utf-8') as f:
+      masks.append(json.load(f).get('mask_token'))
+  assert masks == [None, '<extra_id_0>']
   files = sorted(os.listdir(os.path.join(hf_dir, 'generator')))
   assert sorted(os.listdir(hf_dir)) == sorted([*files, 'generator'])
   assert cli.main(['export', f'--workdir={tmp_path}', f'--out={hf_dir}']) == 0

@@ -128,7 +128,7 @@ def test_eval_and_export_read_the_bucket_and_export_writes_there(gcs, cwd, train
   succeeds(t5lite(gcs, cwd, 'export', f'--workdir={RUN}', '--out=gs://bucket/hf'))
   assert gcs.names('hf/') == ['hf/config.json', 'hf/model.safetensors',  # no leftovers
                               'hf/special_tokens_map.json', 'hf/spiece.model',
-                              'hf/tokenizer_config.json']
+                              'hf/tokenizer.json', 'hf/tokenizer_config.json']
   succeeds(local_export)
   for name in ('config.json', 'model.safetensors'):
     assert gcs.read(f'hf/{name}') == (tmp_path / 'hf' / name).read_bytes(), name
