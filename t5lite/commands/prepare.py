@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 
 from t5lite import files
@@ -129,7 +128,7 @@ def _staging(name: str) -> str:
 def _part_files(out: str, part: str, manifest: dict):
   """Yields write(split, bytes), which appends to the part's split file; when the block
   completes, the files take their places and `manifest` (as the block left it) is written last.
-  On an exception the part's files are removed, and the folder if this made it."""
+  On an exception the part's files are removed, and the folders this made if they are empty."""
   folder = paths.path(out)
   remote = paths.is_uri(folder)
   created = None if remote else next(
@@ -141,24 +140,26 @@ def _part_files(out: str, part: str, manifest: dict):
   folder.mkdir(parents=True, exist_ok=True)
   if manifest_file.exists():  # --overwrite: the old part stops being one before it changes
     manifest_file.unlink()
-  handles = {split: staged[split].open('wb') for split in store.SPLITS}
   try:
-    yield lambda split, data: handles[split].write(data)
-    for handle in handles.values():
-      handle.close()
+    with contextlib.ExitStack() as open_files:
+      handles = {split: open_files.enter_context(staged[split].open('wb'))
+                 for split in store.SPLITS}
+      yield lambda split, data: handles[split].write(data)
     if not remote:
       for split in store.SPLITS:
         os.replace(staged[split], names[split])
     paths.write_text(manifest_file, json.dumps(manifest, indent=1))
   except BaseException:
-    for handle in handles.values():
-      handle.close()
     if not remote:
       for file in staged.values():
         if file.exists():
           file.unlink()
-      if created is not None:
-        shutil.rmtree(created, ignore_errors=True)
+      for made in (paths.ancestors(folder)[:paths.ancestors(folder).index(created) + 1]
+                   if created is not None else ()):
+        try:  # only if empty: a part run beside this one may be writing there
+          os.rmdir(made)
+        except OSError:
+          break
     raise
 
 

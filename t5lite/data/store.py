@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import functools
 import hashlib
+import itertools
 import json
 import os
 import queue
@@ -40,11 +41,13 @@ from t5lite import files
 from t5lite import paths
 from t5lite.data import sources
 from t5lite.data import vocabulary as vocabulary_lib
+from t5lite.data.tf_setup import tf
 
 FORMAT = 't5lite token store 1'
 SPLITS = ('train', 'validation')
 MANIFEST = re.compile(r'part-(\d{5})-of-(\d{5})\.json')
-ENCODE_DOCUMENTS = 512  # documents tokenized in one multithreaded call
+ENCODE_CHARACTERS = 4 << 20  # text tokenized in one multithreaded call: large enough to keep
+# every thread busy, small enough that its tokens, Python ints until converted, take ~100 MB
 _REMOTE_READERS = 32  # concurrent ranged reads of a store on Cloud Storage
 
 
@@ -78,30 +81,30 @@ class Tokenized(collections.namedtuple('Tokenized', 'train validation documents 
 def tokenize(inputs: Sequence[sources.Input], vocab: vocabulary_lib.Vocabulary,
              validation_fraction: float, skipped: collections.Counter, *,
              workers: int = 0) -> Iterator[Tokenized]:
-  """The tokens of `inputs`' documents in order, ENCODE_DOCUMENTS at a time, split by the stable
+  """The tokens of `inputs`' documents in order, ENCODE_CHARACTERS at a time, split by the stable
   hash (or the input's published split). A thread reads and hashes the next documents while
   SentencePiece encodes these on `workers` threads (0: every core)."""
   dtype = token_dtype(vocab.vocab_size)
   for texts, held_out, progress in _read_ahead(_document_batches(inputs, validation_fraction,
                                                                  skipped)):
-    encoded = vocab.encode_documents(texts, num_threads=workers or os.cpu_count(), dtype=dtype)
-    per_split = [[t for t, h in zip(encoded, held_out) if h == want] for want in (False, True)]
-    yield Tokenized(*(np.concatenate(s) if s else np.zeros([0], dtype) for s in per_split),
+    encoded = vocab.encode_ids(texts, num_threads=workers)
+    per_split = [[ids for ids, h in zip(encoded, held_out) if h == want] for want in (False, True)]
+    yield Tokenized(*(np.fromiter(itertools.chain.from_iterable(split), dtype,
+                                  count=sum(map(len, split))) for split in per_split),
                     documents=(len(per_split[0]), len(per_split[1])), inputs_done=progress)
 
 
 def _document_batches(inputs, validation_fraction: float, skipped):
-  """(texts, held out?, progress) of ENCODE_DOCUMENTS documents at a time, in order."""
+  """(texts, held out?, progress) of about ENCODE_CHARACTERS of text at a time, in order."""
   for number, item in enumerate(inputs):
-    texts = []
+    texts, characters = [], 0
     for text in item.documents(skipped):
       texts.append(text)
-      if len(texts) == ENCODE_DOCUMENTS:
+      characters += len(text)
+      if characters >= ENCODE_CHARACTERS:
         yield texts, _held_out(item, texts, validation_fraction), (number, len(inputs))
-        texts = []
-    if texts:
-      yield texts, _held_out(item, texts, validation_fraction), (number, len(inputs))
-    yield [], np.zeros([0], bool), (number + 1, len(inputs))
+        texts, characters = [], 0
+    yield texts, _held_out(item, texts, validation_fraction), (number + 1, len(inputs))
 
 
 def _held_out(item: sources.Input, texts: list[str], validation_fraction: float) -> np.ndarray:
@@ -192,7 +195,7 @@ class _RemoteFile:
 
   def __getitem__(self, where: slice) -> np.ndarray:
     if not hasattr(self._local, 'file'):
-      self._local.file = paths.path(self._name).open('rb')
+      self._local.file = tf.io.gfile.GFile(self._name, 'rb')
     self._local.file.seek(where.start * self._dtype.itemsize)
     raw = self._local.file.read((where.stop - where.start) * self._dtype.itemsize)
     return np.frombuffer(raw, self._dtype)

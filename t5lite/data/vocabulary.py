@@ -77,12 +77,14 @@ class Vocabulary:
         ids.extend(self._sp.encode(part))
     return ids
 
-  def encode_documents(self, texts: Sequence[str], num_threads: int = 0,
-                       dtype=np.int32) -> list[np.ndarray]:
-    """Ids of many documents in one call on `num_threads` threads (0: every core): how corpora
-    are tokenized."""
-    encoded = self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count())
-    return [np.asarray(ids, dtype) for ids in encoded]
+  def encode_ids(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
+    """Ids of many documents in one call on `num_threads` threads (0: every core), no EOS:
+    how corpora are tokenized (sentinel text is not parsed, unlike `encode`)."""
+    return self._sp.encode(list(texts), num_threads=num_threads or os.cpu_count())
+
+  def encode_documents(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """`encode_ids` as an int32 array per document."""
+    return [np.asarray(ids, np.int32) for ids in self.encode_ids(texts)]
 
   def decode(self, ids) -> str:
     """Text of `ids` up to the first EOS, sentinels shown as `<extra_id_N>`, pads dropped.

@@ -1,6 +1,7 @@
 """`gs://` workdirs for real: `t5lite` commands as subprocesses against a local Cloud Storage
 emulator (gcs_emulator.py), run from an empty folder so that a URI taken for a local path shows."""
 
+import gzip
 import io
 import json
 import os
@@ -186,4 +187,40 @@ def test_a_run_holding_the_lock_refuses_a_second_one_in_one_line(gcs, cwd, train
     assert {name: gcs.read(name) for name in gcs.names('run/')} == before
   finally:
     gcs.delete('run/t5lite.lock')
+  assert os.listdir(cwd) == []
+
+
+def test_a_store_prepared_from_the_bucket_into_the_bucket_trains_as_a_local_one(gcs, cwd,
+                                                                                 tmp_path):
+  """`prepare` reads .jsonl.gz and .txt objects and writes its parts there (no temporaries); a
+  run reads the store by ranges and gets the batches of the same store prepared locally."""
+  local_text = tmp_path / 'text'
+  local_text.mkdir()
+  documents = [f'Document {i}: ' + ' '.join(['the whale and the sea'] * (20 + i % 30)) + '.'
+               for i in range(200)]
+  (local_text / 'a.jsonl.gz').write_bytes(gzip.compress(
+      ''.join(json.dumps({'text': d}) + '\n' for d in documents[:120]).encode()))
+  (local_text / 'b.txt').write_text('\n\n'.join(documents[120:]))
+  for name in ('a.jsonl.gz', 'b.txt'):
+    gcs.write(f'text/{name}', (local_text / name).read_bytes())
+  for process in [  # side by side
+      t5lite(gcs, cwd, 'prepare', '--source=gs://bucket/text/*', '--out=gs://bucket/store',
+             '--num_shards=2', '--shard_index=0'),
+      t5lite(gcs, cwd, 'prepare', '--source=gs://bucket/text/*', '--out=gs://bucket/store',
+             '--num_shards=2', '--shard_index=1'),
+      t5lite(gcs, cwd, 'prepare', f'--source={local_text}/*', f'--out={tmp_path / "store"}')]:
+    succeeds(process)
+  assert gcs.names('store/') == [f'store/part-0000{i}-of-00002.{kind}' for i in (0, 1)
+                                 for kind in ('json', 'train', 'validation')]
+  batches = {}
+  for where in ('gs://bucket/store', tmp_path / 'store'):
+    out = tmp_path / f'{len(batches)}.npz'
+    succeeds(t5lite(gcs, cwd, 'data', *SMALL, f'--config.data.source={where}',
+                    '--num_batches=3', f'--out={out}'))
+    with np.load(out) as saved:
+      batches[str(where)] = dict(saved)
+  remote, local = batches.values()
+  assert remote.keys() == local.keys()
+  for name in remote:
+    np.testing.assert_array_equal(remote[name], local[name], err_msg=name)
   assert os.listdir(cwd) == []
