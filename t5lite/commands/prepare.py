@@ -172,15 +172,15 @@ class _Progress:
     self._start = self._shown = time.monotonic()
     self._width = 0
 
-  def update(self, documents: int, tokens: int, inputs_done: tuple[int, int]) -> None:
+  def update(self, documents: int, tokens: int, inputs_done: tuple[float, int]) -> None:
     now = time.monotonic()
     if self._stream is None or now - self._shown < _PROGRESS_EVERY_S:
       return
     self._shown, elapsed = now, now - self._start
     done = inputs_done[0] / max(inputs_done[1], 1)
-    eta = f'{(1 - done) * elapsed / done / 60:.0f} min' if done else '?'
+    eta = _duration((1 - done) * elapsed / done) if done else '?'
     line = (f'{self._part}: {documents:,} documents, {tokens:,} tokens, '
-            f'{tokens / elapsed:,.0f} tokens/s, {inputs_done[0]}/{inputs_done[1]} inputs, '
+            f'{tokens / elapsed:,.0f} tokens/s, {inputs_done[0]:.1f}/{inputs_done[1]} inputs, '
             f'ETA {eta}')
     self._stream.write('\r' + line.ljust(self._width))
     self._stream.flush()
@@ -190,3 +190,8 @@ class _Progress:
     if self._stream is not None and self._width:
       self._stream.write('\n')
       self._stream.flush()
+
+
+def _duration(seconds: float) -> str:
+  return (f'{seconds:.0f} s' if seconds < 120 else f'{seconds / 60:.0f} min' if seconds < 7200
+          else f'{seconds / 3600:.1f} h')

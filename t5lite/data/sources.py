@@ -62,6 +62,10 @@ class Input:
   def documents(self, skipped: collections.Counter) -> Iterator[str]:
     raise NotImplementedError
 
+  def fraction_read(self) -> float:
+    """How much of the input `documents` has read so far, for a progress line's ETA."""
+    return 0.0
+
 
 def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: str = '',
            flag: str = 'data.source') -> list[Input]:
@@ -123,6 +127,10 @@ class _TextInput(Input):
   def __init__(self, name: str, kind: str, compression: str, text_key: str, flag: str):
     self.name, self._kind, self._compression = name, kind, compression
     self._text_key, self._flag = text_key, flag
+    self._raw, self._size = None, 0
+
+  def fraction_read(self) -> float:
+    return self._raw.tell() / self._size if self._raw is not None and self._size else 0.0
 
   def documents(self, skipped):
     lines = without_key = 0
@@ -152,6 +160,7 @@ class _TextInput(Input):
     where = files.named(self.name, self._flag)
     try:
       with paths.path(self.name).open('rb') as raw:
+        self._raw, self._size = raw, paths.path(self.name).stat().length
         yield _decompressed(raw, self._compression)
     except (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError) as error:
       raise ValueError(f'{where} is not a complete {self._compression} file ({error})') from None

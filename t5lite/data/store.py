@@ -102,7 +102,8 @@ def _document_batches(inputs, validation_fraction: float, skipped):
       texts.append(text)
       characters += len(text)
       if characters >= ENCODE_CHARACTERS:
-        yield texts, _held_out(item, texts, validation_fraction), (number, len(inputs))
+        yield (texts, _held_out(item, texts, validation_fraction),
+               (number + item.fraction_read(), len(inputs)))
         texts, characters = [], 0
     yield texts, _held_out(item, texts, validation_fraction), (number + 1, len(inputs))
 

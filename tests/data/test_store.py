@@ -2,6 +2,7 @@
 on any process count, after a SIGKILL of prepare or of training, and the bad inputs it refuses."""
 
 import gzip
+import io
 import json
 import lzma
 import os
@@ -379,3 +380,17 @@ def test_training_from_a_store_killed_and_resumed_is_bitwise_the_uninterrupted_r
   straight, resumed = metrics(tmp_path / 'straight'), metrics(tmp_path / 'killed')
   assert sorted(straight) == sorted(resumed) == list(range(1, 9))
   assert [straight[s]['loss'] for s in straight] == [resumed[s]['loss'] for s in straight]
+
+
+def test_the_progress_line_counts_documents_tokens_and_the_inputs_read(corpus, tmp_path,
+                                                                       monkeypatch):
+  from t5lite.commands import prepare  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(prepare, '_PROGRESS_EVERY_S', 0.0)
+  shown = io.StringIO()
+  folder, texts = corpus
+  manifest = prepare.prepare(str(folder / 'text' / '*'), str(tmp_path / 's'), progress=shown)
+  lines = shown.getvalue().split('\r')[1:]
+  assert lines[-1].startswith(f'part-00000-of-00001: {len(texts)} documents, '
+                              f'{sum(manifest["tokens"].values()):,} tokens, ')
+  assert lines[-1].rstrip().endswith('6.0/6 inputs, ETA 0 s')
+  assert shown.getvalue().endswith('\n')
