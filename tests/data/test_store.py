@@ -23,6 +23,7 @@ from t5lite.data import batches
 from t5lite.data import store
 from t5lite.data import vocabulary
 from tests.fs import changes, snapshot
+from tests.test_cli_mistakes import DISK_MIB, small_disk  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDS = ('the whale ship sea captain mind letter house sister ball dance carriage harpoon '
@@ -394,3 +395,15 @@ def test_the_progress_line_counts_documents_tokens_and_the_inputs_read(corpus, t
                               f'{sum(manifest["tokens"].values()):,} tokens, ')
   assert lines[-1].rstrip().endswith('6.0/6 inputs, ETA 0 s')
   assert shown.getvalue().endswith('\n')
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(small_disk, capsys):
+  """The disk fills while the part is written: one line, exit 2, and the part's temporaries are
+  gone (what was on the disk before stays)."""
+  with open(os.path.join(small_disk, 'filler'), 'wb') as f:
+    f.write(b'\0' * (DISK_MIB - 4) * 2**20)  # room for 4 MiB: the bundled store needs 6.9 MB
+  before = snapshot(small_disk)
+  status, out, err = prepare(capsys, '--source=bundled', f'--out={small_disk}/store')
+  assert (status, out) == (2, '') and len(err.splitlines()) == 1, err
+  assert 'no space left on the device' in err
+  assert snapshot(small_disk) == before, changes(before, snapshot(small_disk))
