@@ -4,16 +4,17 @@ the reference?
 Both models have the preset's shape and start from the same weights: t5lite's initialisation,
 exported to a Hugging Face folder (`t5lite.export`) and loaded by `transformers`. They train on
 the same batches of t5lite's input pipeline (`make_batches`: span corruption of the bundled
-corpus, one example per row) with the same recipe, `RECIPE`: AdamW (0.9, 0.999, eps 1e-8),
-t5lite's warmup-cosine schedule read step by step on both sides, clipping at global norm 1.0,
-no z-loss, no dropout, float32. One step of each in turn; at step 0 and every
+corpus, one example per row) with the same recipe, `RECIPE`: AdamW (0.9, 0.999, eps 1e-8,
+weight decay 0.01) at a peak rate of 1e-3 after 30 warmup steps and cosine to 0, t5lite's
+schedule read step by step on both sides, clipping at global norm 1.0, no z-loss, no dropout,
+float32. One step of each in turn; at step 0 and every
 `train.eval_every` steps both are evaluated on the same `train.eval_batches` held-out batches,
 the loss summed over their target tokens as `t5lite train` evaluates.
 
 Prints a JSON line per evaluation (both sides' held-out losses, and the training losses of the
 step just taken), then a summary with the machine, and draws the held-out curves and their
-difference to a PNG (800 x 500). The defaults run 300 steps of t5_tiny at batch 16 in about
-N minutes on 2 cores:
+difference to a PNG (800 x 500). The defaults, 300 steps of t5_tiny at batch 16, took 30
+minutes on 2 cores shared at a load average of 5-7 (BENCHMARKS.md, 2026-11-26):
 
   python bench/learning_curve.py      # -> docs/images/learning_curve_t5_tiny.png
   python bench/learning_curve.py --config.train.steps=1000 --out=/tmp/curve.png
@@ -49,12 +50,12 @@ from t5lite.train import run as run_lib  # noqa: E402
 RECIPE = ['--config.data.batch_size=16', '--config.train.steps=300',
           '--config.train.eval_every=20', '--config.train.eval_batches=4',
           '--config.train.z_loss=0', '--config.optim.name=adamw', '--config.optim.schedule=cosine',
-          '--config.optim.learning_rate=3e-3', '--config.optim.warmup_steps=30',
+          '--config.optim.learning_rate=1e-3', '--config.optim.warmup_steps=30',
           '--config.optim.weight_decay=0.01']
 # Settings the PyTorch side reproduces only at these values.
 COMPARABLE = {'optim.name': 'adamw', 'train.z_loss': 0, 'train.label_smoothing': 0,
-              'train.loss_normalizer': 'real_tokens', 'train.microbatches': 1,
-              'data.objective': 'span_corruption', 'model.dropout': 0, 'model.dtype': 'float32'}
+              'train.loss_normalizer': 'real_tokens', 'data.objective': 'span_corruption',
+              'model.dropout': 0, 'model.dtype': 'float32'}
 SIDES = ('t5lite', 'hf_torch')
 
 

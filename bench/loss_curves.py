@@ -1,10 +1,11 @@
-"""A run's loss curves, drawn from its workdir's metrics.jsonl to a small PNG: `make demo`'s picture.
+"""A run's loss curves, drawn from its workdir's metrics.jsonl to a small PNG (`make demo`'s).
 
 The training loss (the mean over each log interval) and the held-out loss (`eval_loss`, at each
 evaluation) against the step, for a reader who would rather look than read the JSON lines.
-Prints one JSON line: where the picture went, its points and the last losses.
+Prints one JSON line: where the picture went, its points and the last losses. Needs matplotlib,
+of the test extra (`make test` and `make bench` install it).
 
-  python bench/loss_curves.py      # after `make demo`: runs/demo -> docs/images/demo_loss_curves.png
+  make demo && python bench/loss_curves.py      # runs/demo -> docs/images/demo_loss_curves.png
   python bench/loss_curves.py --workdir=runs/tiny --out=/tmp/tiny.png
 """
 
