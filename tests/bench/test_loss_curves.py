@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / 'bench'))
 import learning_curve  # noqa: E402  pylint: disable=wrong-import-position
 import loss_curves  # noqa: E402  pylint: disable=wrong-import-position
 
+# The pictures the docs show, as the scripts' defaults write them.
+DOCS_PICTURES = ('demo_loss_curves.png', 'learning_curve_t5_tiny.png')
 MAX_PNG_BYTES = 100_000
 
 
@@ -69,6 +71,7 @@ def comparison(tmp_path_factory):
   with contextlib.redirect_stdout(printed):
     learning_curve.main([*TINY_RUN, '--config.train.steps=6', '--config.train.eval_every=3',
                          '--config.train.eval_batches=1', '--config.optim.warmup_steps=1',
+                         '--config.optim.learning_rate=3e-3',  # the tiny model drops 2 nats
                          f'--config.data.source={random_corpus(folder / "text.txt")}',
                          f'--out={out}'])
   lines = [json.loads(line) for line in printed.getvalue().splitlines()]
@@ -87,6 +90,7 @@ def test_both_sides_start_equal_and_learn_alike(comparison):
   assert abs(t5lite[0] - hf_torch[0]) / hf_torch[0] < 1e-5
   np.testing.assert_allclose(t5lite, hf_torch, rtol=1e-4)
   for losses in (t5lite, hf_torch):  # from ln(8192) = 9.0 or so, down by more than a nat
+    # (measured 9.68, 8.17, 7.53)
     assert 8.5 < losses[0] < 10.5 and np.all(np.diff(losses) < 0) and losses[-1] < losses[0] - 1
   for row in rows[1:]:  # the training step's losses agree too
     assert row['t5lite_train_loss'] == pytest.approx(row['hf_torch_train_loss'], rel=1e-4)
@@ -114,3 +118,8 @@ def test_learning_curve_refuses_packed_rows():
     learning_curve.one_example_per_row({'encoder_segment_ids': 2 * ones,
                                         'decoder_segment_ids': ones})
 
+
+@pytest.mark.parametrize('name', DOCS_PICTURES)
+def test_the_docs_pictures_are_small_pngs(name):
+  path = ROOT / 'docs' / 'images' / name
+  assert png_size(path) == (800, 500) and path.stat().st_size < MAX_PNG_BYTES
