@@ -58,6 +58,10 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.batch_size = 128  # global, across all processes
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
+  # Named components mixed by weight, each {source, weight (> 0), and optionally text_key,
+  # validation_fraction}, e.g. --config.data.mixture.web.source=stores/web
+  # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/data/mixture.py).
+  data.mixture = ml_collections.ConfigDict()
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
   # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and
   # target texts, and its columns / JSON keys; '' pretrains on `source`.
@@ -170,9 +174,41 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('data.mean_noise_span_length', data.mean_noise_span_length)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
+  check_mixture(data.mixture)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
+
+
+# A mixture component's settings and their types; those left out are data's.
+COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
+                      'validation_fraction': float}
+
+
+def check_mixture(mixture: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line naming it, a component that cannot be mixed."""
+  for name, component in mixture.items():
+    where = f'config.data.mixture.{name}'
+    if not name or '.' in name:
+      raise ValueError(f'config.data.mixture: a component name must be a non-empty word, '
+                       f'got {name!r}')
+    if not isinstance(component, ml_collections.ConfigDict):
+      raise ValueError(f'{where} must be a ConfigDict of {", ".join(COMPONENT_SETTINGS)}')
+    if 'objective' in component:
+      raise ValueError(f'{where}.objective: every component trains with config.data.objective '
+                       'for now; a per-component objective is not supported yet')
+    unknown = sorted(set(component) - set(COMPONENT_SETTINGS))
+    if unknown:
+      raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
+                       f'{", ".join(COMPONENT_SETTINGS)}')
+    weight = component.get('weight')
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+      raise ValueError(f'{where}.weight={weight!r} must be a positive number')
+    if not isinstance(component.get('source'), str) or not component.source:
+      raise ValueError(f'{where}.source must name a source or a token store')
+    fraction = component.get('validation_fraction', 0.0)
+    if not 0 <= fraction < 1:
+      raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
 
 
 def load(spec: str) -> ml_collections.ConfigDict:
@@ -216,10 +252,17 @@ def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:
       raise ValueError(f'expected --config.KEY=VALUE, got {assignment!r}')
     *parents, leaf = key.split('.')
     section = config
-    for name in parents:
+    for depth, name in enumerate(parents):
+      if parents[:depth] == ['data', 'mixture'] and name not in section:
+        section[name] = ml_collections.ConfigDict()  # a new mixture component
       if name not in section or not isinstance(section[name], ml_collections.ConfigDict):
         raise ValueError(f'unknown setting config.{key}')
       section = section[name]
+    if parents[:2] == ['data', 'mixture'] and len(parents) == 3 and leaf not in section:
+      if leaf not in COMPONENT_SETTINGS:
+        raise ValueError(f'unknown setting config.{key}; a component takes '
+                         f'{", ".join(COMPONENT_SETTINGS)}')
+      section[leaf] = COMPONENT_SETTINGS[leaf]()
     if leaf not in section:
       raise ValueError(f'unknown setting config.{key}')
     section[leaf] = _parse_like(section[leaf], text, key)
