@@ -16,6 +16,7 @@ import ml_collections
 
 from t5lite import files
 from t5lite import paths
+from t5lite.data import mixture
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
@@ -174,41 +175,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('data.mean_noise_span_length', data.mean_noise_span_length)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
-  check_mixture(data.mixture)
+  mixture.check_components(data.mixture)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
-
-
-# A mixture component's settings and their types; those left out are data's.
-COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
-                      'validation_fraction': float}
-
-
-def check_mixture(mixture: ml_collections.ConfigDict) -> None:
-  """Refuses, in one line naming it, a component that cannot be mixed."""
-  for name, component in mixture.items():
-    where = f'config.data.mixture.{name}'
-    if not name or '.' in name:
-      raise ValueError(f'config.data.mixture: a component name must be a non-empty word, '
-                       f'got {name!r}')
-    if not isinstance(component, ml_collections.ConfigDict):
-      raise ValueError(f'{where} must be a ConfigDict of {", ".join(COMPONENT_SETTINGS)}')
-    if 'objective' in component:
-      raise ValueError(f'{where}.objective: every component trains with config.data.objective '
-                       'for now; a per-component objective is not supported yet')
-    unknown = sorted(set(component) - set(COMPONENT_SETTINGS))
-    if unknown:
-      raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
-                       f'{", ".join(COMPONENT_SETTINGS)}')
-    weight = component.get('weight')
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-      raise ValueError(f'{where}.weight={weight!r} must be a positive number')
-    if not isinstance(component.get('source'), str) or not component.source:
-      raise ValueError(f'{where}.source must name a source or a token store')
-    fraction = component.get('validation_fraction', 0.0)
-    if not 0 <= fraction < 1:
-      raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
 
 
 def load(spec: str) -> ml_collections.ConfigDict:
@@ -259,10 +229,10 @@ def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:
         raise ValueError(f'unknown setting config.{key}')
       section = section[name]
     if parents[:2] == ['data', 'mixture'] and len(parents) == 3 and leaf not in section:
-      if leaf not in COMPONENT_SETTINGS:
+      if leaf not in mixture.COMPONENT_SETTINGS:
         raise ValueError(f'unknown setting config.{key}; a component takes '
-                         f'{", ".join(COMPONENT_SETTINGS)}')
-      section[leaf] = COMPONENT_SETTINGS[leaf]()
+                         f'{", ".join(mixture.COMPONENT_SETTINGS)}')
+      section[leaf] = mixture.COMPONENT_SETTINGS[leaf]()
     if leaf not in section:
       raise ValueError(f'unknown setting config.{key}')
     section[leaf] = _parse_like(section[leaf], text, key)

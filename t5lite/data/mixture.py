@@ -25,6 +25,7 @@ one forgotten). So a component is never replayed nor skipped by a change of weig
 
 import math
 
+import ml_collections
 import numpy as np
 
 FIRST_CYCLE = 1024  # rows of the shortest cycle; doubled while a component would get none
@@ -32,6 +33,37 @@ MAX_CYCLE = 1 << 20  # longest cycle: a weight below 1/MAX_CYCLE of the total is
 ROW = 'segment_row'  # position keys: the segment's first row, and per component:
 ROWS_PER_CYCLE = 'rows_per_cycle.'  # + name: its rows in each cycle
 EXAMPLES = 'examples.'  # + name: its examples consumed before the segment's first row
+
+
+# A mixture component's settings and their types; those left out are data's.
+COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
+                      'validation_fraction': float}
+
+
+def check_components(components: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line naming it, a component that cannot be mixed."""
+  for name, component in components.items():
+    where = f'config.data.mixture.{name}'
+    if not name or '.' in name:
+      raise ValueError(f'config.data.mixture: a component name must be a non-empty word, '
+                       f'got {name!r}')
+    if not isinstance(component, ml_collections.ConfigDict):
+      raise ValueError(f'{where} must be a ConfigDict of {", ".join(COMPONENT_SETTINGS)}')
+    if 'objective' in component:
+      raise ValueError(f'{where}.objective: every component trains with config.data.objective '
+                       'for now; a per-component objective is not supported yet')
+    unknown = sorted(set(component) - set(COMPONENT_SETTINGS))
+    if unknown:
+      raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
+                       f'{", ".join(COMPONENT_SETTINGS)}')
+    weight = component.get('weight')
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+      raise ValueError(f'{where}.weight={weight!r} must be a positive number')
+    if not isinstance(component.get('source'), str) or not component.source:
+      raise ValueError(f'{where}.source must name a source or a token store')
+    fraction = component.get('validation_fraction', 0.0)
+    if not 0 <= fraction < 1:
+      raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
 
 
 def rows_per_cycle(weights: dict[str, float]) -> dict[str, int]:

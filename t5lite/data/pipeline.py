@@ -91,14 +91,15 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   if data.get('mixture'):
+    mixture.check_components(data.mixture)
     weights = {name: component.weight for name, component in data.mixture.items()}
     segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
     streams = [_component_stream(data, name, split, raw_length)
                for name in segment.schedule.names]
   else:
     segment, streams = None, [_Stream(store.split_tokens(data, split), raw_length, [data.seed, 0])]
-  examples = _indexed_examples(streams, segment, raw_length, data, share, first_batch,
-                               objective.pairs)
+  examples = _indexed_examples(streams, raw_length, data, share, first_batch, objective.pairs,
+                               segment)
   examples = objective.transform(examples, data, vocab)
   rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
       functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),
@@ -135,8 +136,8 @@ def _component_stream(data, name: str, split: str, raw_length: int) -> _Stream:
   view.validation_fraction = component.get('validation_fraction', data.validation_fraction)
   try:
     tokens = store.split_tokens(view, split)
-  except ValueError as error:
-    raise ValueError(f'data.mixture.{name}: {error}') from None
+  except (ValueError, FileNotFoundError) as error:
+    raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}') from None
   if tokens.size < raw_length:
     raise ValueError(f'data.mixture.{name}: the {split} split has {tokens.size} tokens, fewer '
                      f'than one example of {raw_length}')
@@ -164,11 +165,12 @@ def _locate(segment: mixture.Segment | None, row):
   return component, example
 
 
-def _indexed_examples(streams: list[_Stream], segment: mixture.Segment | None, raw_length: int,
-                      data, share: slice, first_batch: int, pairs: bool = False
-                      ) -> tf.data.Dataset:
+def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slice,
+                      first_batch: int, pairs: bool = False,
+                      segment: mixture.Segment | None = None) -> tf.data.Dataset:
   """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and
-  with `pairs` 'other': raw_length tokens from a random place of the split."""
+  with `pairs` 'other': raw_length tokens from a random place of the split. One stream, or a
+  mixture's streams by `segment`'s schedule."""
   if streams[0].chunks == 0:
     raise ValueError(f'the split has {streams[0].tokens.size} tokens, fewer than one example of '
                      f'{raw_length}; add text or change data.validation_fraction')
