@@ -1,7 +1,8 @@
 """A mixture's schedule: which component each packed row comes from, and which of its examples.
 
-  schedule = Schedule({'books': 341, 'web': 683})   # rows per cycle of 1024, sorted by name
-  schedule.component[t], schedule.rank[t]            # cycle position t's component, its count before t
+  segment = resumed_segment({'books': 1, 'web': 2}, position, row)  # {'books': 341, 'web': 683}
+  segment.schedule.component[t]  # the component of cycle position t (sorted by name: books 0)
+  segment.schedule.rank[t]       # that component's rows before t in the cycle
 
 `data.mixture` names components, each a source (or token store) with a weight. Rates are in rows
 (one example per packed row, so in tokens). The weights become integer rows per cycle of L rows
@@ -10,7 +11,8 @@ out by smooth weighted round-robin (nginx's): every position adds each component
 credit and takes the component of most credit, which pays L. So every prefix of a cycle, and any
 window of rows, holds each component within about one row of its share, not the ±sqrt(n) of
 sampling rows i.i.d.; and row r of a segment is component[r % L], that component's example
-(r // L) * rows_c + rank[r % L]: O(1), stateless, the same on any process count.
+(r // L) * rows_c + rank[r % L] (t5lite/data/pipeline.py computes it in TF): O(1), stateless,
+the same on any process count.
 
 Each component is indexed as a single source is (t5lite/data/pipeline.py): its example j is chunk
 index_shuffle(j mod N_c) of its epoch j // N_c, keyed by (seed, component name).
@@ -109,13 +111,6 @@ class Schedule:
     """Rows of each component among the schedule's first `row` rows."""
     return (row // self.cycle) * self.rows + np.bincount(
         self.component[:row % self.cycle], minlength=len(self.names))
-
-  def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(component, the component's example number counted from the schedule's start) of each
-    of `rows`, counted from the schedule's start."""
-    position = rows % self.cycle
-    component = self.component[position]
-    return component, (rows // self.cycle) * self.rows[component] + self.rank[position]
 
 
 class Segment:

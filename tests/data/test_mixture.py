@@ -7,11 +7,13 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from t5lite import cli
 from t5lite import config as config_lib
 from t5lite.data import batches
 from t5lite.data import mixture
+from t5lite.data import pipeline
 from tests.train.test_loop import SMALL
 
 WORDS = ('the whale ship sea captain mind letter house sister ball dance carriage harpoon '
@@ -77,13 +79,14 @@ def test_rows_per_cycle_by_largest_remainder():
     mixture.rows_per_cycle(dict(a=1, b=2e6))
 
 
-def test_lookup_equals_a_replay_of_the_schedule():
+def test_the_pipelines_lookup_equals_a_replay_of_the_schedule():
   segment = mixture.Segment(dict(a=3, b=5, c=2), start=70, examples=dict(a=4, c=9))
-  seen = dict(zip('abc', segment.examples.tolist()))
-  for row in range(70, 70 + 4 * segment.schedule.cycle + 3):
-    component, example = segment.schedule.lookup(np.array([row - 70]))
-    name = 'abc'[int(component[0])]
-    assert example[0] + segment.examples[component[0]] == seen[name]
+  rows = tf.range(70, 70 + 4 * segment.schedule.cycle + 3, dtype=tf.int64)
+  components, examples = pipeline._locate(segment, rows)
+  seen = dict(a=4, b=0, c=9)
+  for row, component, example in zip(rows.numpy(), components.numpy(), examples.numpy()):
+    name = 'abc'[component]
+    assert example == seen[name]
     seen[name] += 1
     assert segment.examples_before(row + 1) == seen
 
@@ -214,19 +217,28 @@ def test_a_component_objective_or_nameless_component_is_refused():
     config_lib.validate(config)
 
 
-@pytest.mark.slow  # a minute on 2 cores
-def test_a_run_trains_from_a_mixture_of_two_token_stores(texts, tmp_path, capsys):
+@pytest.mark.slow  # two minutes on 2 cores
+def test_a_run_trains_from_two_token_stores_and_resumes_reweighted(texts, tmp_path, capsys):
   for name in ('books', 'web'):
     assert cli.main(['prepare', f'--source={texts[name]}', f'--out={tmp_path / name}']) == 0
   workdir = tmp_path / 'run'
-  status = cli.main(['train', f'--workdir={workdir}', *SMALL, '--config.train.steps=3',
+
+  def train(steps, web_weight):
+    return cli.main(['train', f'--workdir={workdir}', *SMALL, f'--config.train.steps={steps}',
+                     '--config.checkpoint.every_steps=2',
                      f'--config.data.mixture.books.source={tmp_path / "books"}',
                      '--config.data.mixture.books.weight=1',
                      f'--config.data.mixture.web.source={tmp_path / "web"}',
-                     '--config.data.mixture.web.weight=2'])
-  assert status == 0, capsys.readouterr().err
+                     f'--config.data.mixture.web.weight={web_weight}'])
+
+  assert train(2, 2) == 0, capsys.readouterr().err
+  assert train(4, 3) == 0, capsys.readouterr().err  # resumed at step 2 with another weight
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    losses = [row['loss'] for row in map(json.loads, f) if 'loss' in row]
-  assert len(losses) == 3 and all(np.isfinite(losses))
-  saved = json.loads((workdir / 'config.json').read_text())
-  assert saved['data']['mixture']['web'] == dict(source=str(tmp_path / 'web'), weight=2.0)
+    losses = {row['step']: row['loss'] for row in map(json.loads, f) if 'loss' in row}
+  assert sorted(losses) == [1, 2, 3, 4] and all(np.isfinite(list(losses.values())))
+  saved = [json.loads(path.read_text()) for path in (workdir / 'checkpoints' / '4').rglob('*')
+           if path.is_file() and 'rows_per_cycle.web' in path.read_text(errors='ignore')]
+  assert saved, 'the data position of step 4 names the mixture'
+  assert saved[0]['processes'][0] == {
+      'batch': 4, 'segment_row': 16, 'rows_per_cycle.books': 256, 'rows_per_cycle.web': 768,
+      'examples.books': 5, 'examples.web': 11}
