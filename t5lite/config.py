@@ -229,10 +229,8 @@ def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:
         raise ValueError(f'unknown setting config.{key}')
       section = section[name]
     if parents[:2] == ['data', 'mixture'] and len(parents) == 3 and leaf not in section:
-      if leaf not in mixture.COMPONENT_SETTINGS:
-        raise ValueError(f'unknown setting config.{key}; a component takes '
-                         f'{", ".join(mixture.COMPONENT_SETTINGS)}')
-      section[leaf] = mixture.COMPONENT_SETTINGS[leaf]()
+      # a component's setting; one it does not take is refused by mixture.check_components
+      section[leaf] = mixture.COMPONENT_SETTINGS.get(leaf, str)()
     if leaf not in section:
       raise ValueError(f'unknown setting config.{key}')
     section[leaf] = _parse_like(section[leaf], text, key)

@@ -197,6 +197,8 @@ def test_data_out_writes_component_counts_by_weight(texts, tmp_path, capsys):
                                               'positive number'),
     (['--config.data.mixture.web.colour=red'], 'unknown setting config.data.mixture.web.colour'),
     (['--config.data.mixture.web.weight=1'], 'config.data.mixture.web.source must name a source'),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=mlm'],
+     'config.data.mixture.web.objective: every component trains with config.data.objective'),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.source=/no/such.txt'],
      'data.mixture.web: /no/such.txt: no such file'),
 ])
@@ -207,10 +209,10 @@ def test_bad_mixture_is_one_line_exit_2_and_nothing_written(flags, message, tmp_
   assert not out.exists()
 
 
-def test_a_component_objective_or_nameless_component_is_refused():
+def test_a_preset_with_a_nameless_component_or_a_weight_of_text_is_refused():
   config = config_lib.base_config()
-  config.data.mixture.web = dict(source='bundled', weight=1.0, objective='mlm')
-  with pytest.raises(ValueError, match='^config.data.mixture.web.objective: every component'):
+  config.data.mixture.web = dict(source='bundled', weight='2')
+  with pytest.raises(ValueError, match="^config.data.mixture.web.weight='2' must be a positive"):
     config_lib.validate(config)
   config.data.mixture = {'': dict(source='bundled', weight=1.0)}
   with pytest.raises(ValueError, match='a component name must be a non-empty word'):
