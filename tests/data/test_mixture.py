@@ -209,6 +209,22 @@ def test_bad_mixture_is_one_line_exit_2_and_nothing_written(flags, message, tmp_
   assert not out.exists()
 
 
+def test_a_store_of_another_vocabulary_is_refused_naming_its_component(texts, tmp_path, capsys):
+  web = tmp_path / 'web'
+  assert cli.main(['prepare', f'--source={texts["web"]}', f'--out={web}']) == 0
+  manifest = json.loads((web / 'part-00000-of-00001.json').read_text())
+  manifest['vocabulary']['sha256'] = '0' * 64  # as if prepared with another vocabulary
+  (web / 'part-00000-of-00001.json').write_text(json.dumps(manifest))
+  out = tmp_path / 'batches.npz'
+  status, _, err = data_command(
+      capsys, f'--config.data.mixture.books.source={texts["books"]}',
+      '--config.data.mixture.books.weight=1', f'--config.data.mixture.web.source={web}',
+      '--config.data.mixture.web.weight=1', f'--out={out}')
+  assert status == 2 and len(err.strip().splitlines()) == 1, err
+  assert f'data.mixture.web: {web} was prepared with the vocabulary' in err
+  assert not out.exists()
+
+
 def test_a_preset_with_a_nameless_component_or_a_weight_of_text_is_refused():
   config = config_lib.base_config()
   config.data.mixture.web = dict(source='bundled', weight='2')
