@@ -16,6 +16,7 @@ import ml_collections
 
 from t5lite import files
 from t5lite import paths
+from t5lite.data import mixture
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
@@ -58,6 +59,10 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.batch_size = 128  # global, across all processes
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
+  # Named components mixed by weight, each {source, weight (> 0), and optionally text_key,
+  # validation_fraction}, e.g. --config.data.mixture.web.source=stores/web
+  # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/data/mixture.py).
+  data.mixture = ml_collections.ConfigDict()
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
   # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and
   # target texts, and its columns / JSON keys; '' pretrains on `source`.
@@ -170,6 +175,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('data.mean_noise_span_length', data.mean_noise_span_length)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
+  mixture.check_components(data.mixture)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
@@ -216,10 +222,15 @@ def override(config: ml_collections.ConfigDict, assignments: list[str]) -> None:
       raise ValueError(f'expected --config.KEY=VALUE, got {assignment!r}')
     *parents, leaf = key.split('.')
     section = config
-    for name in parents:
+    for depth, name in enumerate(parents):
+      if parents[:depth] == ['data', 'mixture'] and name not in section:
+        section[name] = ml_collections.ConfigDict()  # a new mixture component
       if name not in section or not isinstance(section[name], ml_collections.ConfigDict):
         raise ValueError(f'unknown setting config.{key}')
       section = section[name]
+    if parents[:2] == ['data', 'mixture'] and len(parents) == 3 and leaf not in section:
+      # a component's setting; one it does not take is refused by mixture.check_components
+      section[leaf] = mixture.COMPONENT_SETTINGS.get(leaf, str)()
     if leaf not in section:
       raise ValueError(f'unknown setting config.{key}')
     section[leaf] = _parse_like(section[leaf], text, key)

@@ -24,14 +24,15 @@ import numpy as np
 
 from t5lite import objectives
 from t5lite import outputs
+from t5lite.data import mixture
 from t5lite.data import vocabulary
 from t5lite.token_ids import PAD_ID, UNK_ID
 
 SYNTHETIC = 'synthetic'
 
-# Every model feature's name starts so (packing.py's converters): how an earlier `data --out`
-# is recognised.
-_FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_')
+# Every model feature's name starts so (packing.py's converters), or is a mixture's `component`:
+# how an earlier `data --out` is recognised.
+_FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_', 'component')
 
 
 def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
@@ -46,13 +47,13 @@ def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
     process_index, process_count = jax.process_index(), jax.process_count()
   share = process_share(data.batch_size, process_index, process_count)
   position = own_position(start, process_index)
-  if set(position) != {'batch'}:
+  if any(key != 'batch' and not mixture.is_position_key(key) for key in position):
     raise ValueError(f'this run saved its data position as {position} (a tfds: source streamed '
                      'by t5lite before 2026-11-26); start a new run from a token store '
                      '(t5lite prepare) or from the same source')
-  if data.source != SYNTHETIC:
+  if data.source != SYNTHETIC or data.get('mixture'):
     from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel  # TensorFlow's
-    return pipeline.make_pipeline(data, split, share=share, first_batch=position['batch'])
+    return pipeline.make_pipeline(data, split, share=share, first_batch=position)
   objective = objectives.get(data.objective)
   objective.raw_length(data)  # the lengths' own checks, as for text
   return SyntheticBatches(objective.features(data),
@@ -130,7 +131,7 @@ def process_share(batch_size: int, process_index: int, process_count: int) -> sl
 
 def own_position(start: int | dict | list, process_index: int) -> dict:
   """This process's position to start from. Every batch iterator's `state()` is one JSON dict:
-  `batch`, the global batches consumed, plus its own cursor (a streamed source's block and row, a
+  `batch`, the global batches consumed, plus its own cursor (a mixture's schedule segment, a
   task's epoch and row); a checkpoint saves one per process, as a list. A number is a batch."""
   if isinstance(start, (list, tuple)):
     start = start[process_index]

@@ -27,12 +27,14 @@ import atexit
 import functools
 import os
 import weakref
+import zlib
 
 import ml_collections
 import numpy as np
 from t5lite.data.tf_setup import tf
 
 from t5lite import objectives
+from t5lite.data import mixture
 from t5lite.data import packing
 from t5lite.data import store
 from t5lite.data import vocabulary
@@ -44,9 +46,9 @@ _ENDLESS = 1 << 62
 class Pipeline:
   """An iterator of per-process batches that knows where it is: `state()` resumes it exactly."""
 
-  def __init__(self, dataset: tf.data.Dataset, first_batch: int):
+  def __init__(self, dataset: tf.data.Dataset, first_batch: int, segment: dict):
     self._batches = dataset.as_numpy_iterator()
-    self._batch = first_batch
+    self._batch, self._segment = first_batch, segment
     _OPEN_PIPELINES.add(self)
 
   def __iter__(self):
@@ -61,7 +63,7 @@ class Pipeline:
     return batch
 
   def state(self) -> dict:
-    return {'batch': self._batch}
+    return {'batch': self._batch, **self._segment}
 
   def close(self):
     """Stops the tf.data threads (which may call Python: reading a store's tokens)."""
@@ -79,63 +81,137 @@ def _close_open_pipelines():
 
 
 def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, share: slice,
-                  first_batch: int = 0) -> Pipeline:
+                  first_batch: int | dict = 0) -> Pipeline:
   """Batches of `split` ('train' | 'validation' | 'all'): the rows `share` of each global batch,
-  from global batch `first_batch` on. One ValueError line for anything in `data` that cannot
-  work."""
+  from global batch `first_batch` (or a position: {'batch', and a mixture's segment}) on. One
+  ValueError line for anything in `data` that cannot work."""
+  position = first_batch if isinstance(first_batch, dict) else {'batch': first_batch}
+  first_batch = position['batch']
   objective = objectives.get(data.objective)
   raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
-  tokens = store.split_tokens(data, split)
-  examples = _indexed_examples(tokens, raw_length, data, share, first_batch, objective.pairs)
+  if data.get('mixture'):
+    mixture.check_components(data.mixture)
+    weights = {name: component.weight for name, component in data.mixture.items()}
+    segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
+    streams = [_component_stream(data, name, split, raw_length)
+               for name in segment.schedule.names]
+  else:
+    segment, streams = None, [_Stream(store.split_tokens(data, split), raw_length, [data.seed, 0])]
+  examples = _indexed_examples(streams, raw_length, data, share, first_batch, objective.pairs,
+                               segment)
   examples = objective.transform(examples, data, vocab)
   rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
       functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   per_process = share.stop - share.start
   batches = rows.batch(per_process, drop_remainder=True)
-  return Pipeline(_model_features(batches, objective, data, per_process), first_batch)
+  if segment:
+    components = _rows(share, first_batch, data.batch_size).map(
+        lambda row: _locate(segment, row)[0]).batch(per_process, drop_remainder=True)
+    batches = tf.data.Dataset.zip(batches, components).map(
+        lambda batch, component: {**batch, 'component': component})
+  return Pipeline(_model_features(batches, objective, data, per_process), first_batch,
+                  segment.position() if segment else {})
 
 
-def _indexed_examples(tokens: store.Tokens, raw_length: int, data, share: slice,
-                      first_batch: int, pairs: bool = False) -> tf.data.Dataset:
-  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and
-  with `pairs` 'other': raw_length tokens from a random place of the split."""
-  chunks_per_epoch = tokens.size // raw_length
-  if chunks_per_epoch == 0:
-    raise ValueError(f'the split has {tokens.size} tokens, fewer than one example of '
-                     f'{raw_length}; add text or change data.validation_fraction')
-  slack = tokens.size - chunks_per_epoch * raw_length  # room to shift the cuts each epoch
+class _Stream:
+  """One source's tokens cut into chunks of `raw_length`, and the keys of its random choices."""
+
+  def __init__(self, tokens: store.Tokens, raw_length: int, seed: list):
+    self.tokens, self.size = tokens, tokens.size
+    self.chunks = tokens.size // raw_length
+    self.slack = tokens.size - self.chunks * raw_length  # room to shift the cuts each epoch
+    self.example_key, self.epoch_key = tf.unstack(
+        tf.random.experimental.stateless_split(tf.constant(seed, tf.int64), 2))
+    self.other_key = tf.constant([seed[0], seed[1] + 1], tf.int64)
+
+
+def _component_stream(data, name: str, split: str, raw_length: int) -> _Stream:
+  """Component `name` of data.mixture as a stream, keyed by (seed, its name)."""
+  component = data.mixture[name]
+  view = ml_collections.ConfigDict(data.to_dict())
+  view.source = component.source
+  view.text_key = component.get('text_key', data.text_key)
+  view.validation_fraction = component.get('validation_fraction', data.validation_fraction)
+  try:
+    tokens = store.split_tokens(view, split)
+  except (ValueError, FileNotFoundError) as error:
+    raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}') from None
+  if tokens.size < raw_length:
+    raise ValueError(f'data.mixture.{name}: the {split} split has {tokens.size} tokens, fewer '
+                     f'than one example of {raw_length}')
+  return _Stream(tokens, raw_length, [data.seed, 2 * zlib.crc32(name.encode())])
+
+
+def _rows(share: slice, first_batch: int, batch_size: int) -> tf.data.Dataset:
+  """The global rows this process feeds, from batch `first_batch` on."""
   per_process = share.stop - share.start
-  example_key, epoch_key = tf.unstack(
-      tf.random.experimental.stateless_split(tf.constant([data.seed, 0], tf.int64), 2))
-  other_key = tf.constant([data.seed, 1], tf.int64)
+  return tf.data.Dataset.range(first_batch * per_process, _ENDLESS).map(
+      lambda n: n // per_process * batch_size + share.start + n % per_process)
 
-  def place(n):
-    # n counts this process's examples; i is the example's place in the global stream.
-    i = n // per_process * data.batch_size + share.start + n % per_process
+
+def _locate(segment: mixture.Segment | None, row):
+  """(component, its example number) of global row `row`: the schedule's lookup, in TF."""
+  if segment is None:
+    return tf.constant(0, tf.int64), row
+  schedule = segment.schedule
+  position = (row - segment.start) % schedule.cycle
+  component = tf.gather(tf.constant(schedule.component, tf.int64), position)
+  example = (tf.gather(tf.constant(segment.examples), component)
+             + (row - segment.start) // schedule.cycle * tf.gather(
+                 tf.constant(schedule.rows), component)
+             + tf.gather(tf.constant(schedule.rank), position))
+  return component, example
+
+
+def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slice,
+                      first_batch: int, pairs: bool = False,
+                      segment: mixture.Segment | None = None) -> tf.data.Dataset:
+  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and
+  with `pairs` 'other': raw_length tokens from a random place of the split. One stream, or a
+  mixture's streams by `segment`'s schedule."""
+  if streams[0].chunks == 0:
+    raise ValueError(f'the split has {streams[0].tokens.size} tokens, fewer than one example of '
+                     f'{raw_length}; add text or change data.validation_fraction')
+
+  def stacked(attribute):
+    return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
+
+  chunks, slack, sizes = stacked('chunks'), stacked('slack'), stacked('size')
+  example_keys, epoch_keys, other_keys = (
+      stacked(key) for key in ('example_key', 'epoch_key', 'other_key'))
+
+  def place(row):
+    # c is the row's component, i the example's place in that component's stream.
+    c, i = _locate(segment, row)
+    count = chunks[c]
     shuffle_key, offset_key = tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(epoch_key, i // chunks_per_epoch), 2))
-    chunk = tf.random.experimental.index_shuffle(i % chunks_per_epoch, shuffle_key,
-                                                 chunks_per_epoch - 1)
-    offset = tf.random.stateless_uniform([], offset_key, 0, slack + 1, dtype=tf.int64)
-    example = {'targets': offset + chunk * raw_length,
-               'seed': tf.random.experimental.stateless_fold_in(example_key, i)}
+        tf.random.experimental.stateless_fold_in(epoch_keys[c], i // count), 2))
+    chunk = tf.random.experimental.index_shuffle(i % count, shuffle_key, count - 1)
+    offset = tf.random.stateless_uniform([], offset_key, 0, slack[c] + 1, dtype=tf.int64)
+    example = {'targets': tf.stack([c, offset + chunk * raw_length]),
+               'seed': tf.random.experimental.stateless_fold_in(example_keys[c], i)}
     if pairs:
-      example['other'] = tf.random.stateless_uniform(
-          [], tf.random.experimental.stateless_fold_in(other_key, i), 0,
-          tokens.size - raw_length + 1, dtype=tf.int64)
+      example['other'] = tf.stack([c, tf.random.stateless_uniform(
+          [], tf.random.experimental.stateless_fold_in(other_keys[c], i), 0,
+          sizes[c] - raw_length + 1, dtype=tf.int64)])
     return example
 
-  def read(examples):  # token windows in place of where they begin
+  def read(examples):  # token windows in place of (component, where they begin)
     for name in ('targets', 'other') if pairs else ('targets',):
-      windows = tf.numpy_function(lambda begins: tokens.windows(begins, raw_length),
-                                  [examples[name]], tf.int32, stateful=False)
+      windows = tf.numpy_function(read_windows, [examples[name]], tf.int32, stateful=False)
       examples[name] = tf.ensure_shape(windows, [None, raw_length])
     return examples
 
-  first = first_batch * per_process
-  return (tf.data.Dataset.range(first, _ENDLESS)
+  def read_windows(places):  # int64[n, 2] of (component, begin) -> int32[n, raw_length]
+    windows = np.empty((len(places), raw_length), np.int32)
+    for c in np.unique(places[:, 0]):
+      rows = places[:, 0] == c
+      windows[rows] = streams[c].tokens.windows(places[rows, 1], raw_length)
+    return windows
+
+  return (_rows(share, first_batch, data.batch_size)
           .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
           .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -149,6 +225,7 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
   declared = objective.features(data)
 
   def features(batch):
+    component = batch.pop('component', None)  # a mixture's: each row's, kept beside
     out = objective.convert(batch)
     if out.keys() != declared.keys():
       raise AssertionError(f'{objective.name} makes features {sorted(out)}, and declares '
@@ -156,6 +233,8 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
     out = {name: tf.ensure_shape(value, [rows] + ([] if declared[name] is None
                                                   else [declared[name]]))
            for name, value in out.items()}
+    if component is not None:
+      out['component'] = tf.cast(component, tf.int32)
     return out
 
   batches = batches.map(features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -50,9 +50,10 @@ def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 
 def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
-  """Per-process numpy arrays -> global jax.Arrays laid out over the mesh's batch axes."""
+  """Per-process numpy arrays -> global jax.Arrays laid out over the mesh's batch axes; a
+  mixture's `component` of each row is not the model's (per-component metrics are to come)."""
   return {name: jax.make_array_from_process_local_data(sharding, value)
-          for name, value in local_batch.items()}
+          for name, value in local_batch.items() if name != 'component'}
 
 
 def evaluate(eval_step, loss, params, batches, num_batches: int, sharding) -> dict:
@@ -339,7 +340,7 @@ def all_data_positions(batches) -> dict:
   return {'processes': [json.loads(bytes(row).decode().strip()) for row in rows]}
 
 
-POSITION_BYTES = 1024
+POSITION_BYTES = 8192  # a mixture's position names its components
 
 
 def check_finite(nonfinite, step: int, checkpointer) -> None:

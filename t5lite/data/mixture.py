@@ -1,0 +1,164 @@
+"""A mixture's schedule: which component each packed row comes from, and which of its examples.
+
+  segment = resumed_segment({'books': 1, 'web': 2}, position, row)  # {'books': 341, 'web': 683}
+  segment.schedule.component[t]  # the component of cycle position t (sorted by name: books 0)
+  segment.schedule.rank[t]       # that component's rows before t in the cycle
+
+`data.mixture` names components, each a source (or token store) with a weight. Rates are in rows
+(one example per packed row, so in tokens). The weights become integer rows per cycle of L rows
+(largest remainder; L = 1024, doubled until every component has a row), and one cycle is laid
+out by smooth weighted round-robin (nginx's): every position adds each component's rows to its
+credit and takes the component of most credit, which pays L. So every prefix of a cycle, and any
+window of rows, holds each component within about one row of its share, not the ±sqrt(n) of
+sampling rows i.i.d.; and row r of a segment is component[r % L], that component's example
+(r // L) * rows_c + rank[r % L] (t5lite/data/pipeline.py computes it in TF): O(1), stateless,
+the same on any process count.
+
+Each component is indexed as a single source is (t5lite/data/pipeline.py): its example j is chunk
+index_shuffle(j mod N_c) of its epoch j // N_c, keyed by (seed, component name).
+
+Reweighting. A pipeline's position (`state()`, saved per process in checkpoints) holds, besides
+`batch`, the schedule segment in force: the row it started at, each component's rows per cycle,
+and each component's examples consumed before that row. A resume with the same rows per cycle
+keeps the segment; with other weights, or another set of components, a new segment starts at the
+resume row, every component continuing at its next example (a new one at its first, a removed
+one forgotten). So a component is never replayed nor skipped by a change of weights.
+"""
+
+import math
+
+import ml_collections
+import numpy as np
+
+FIRST_CYCLE = 1024  # rows of the shortest cycle; doubled while a component would get none
+MAX_CYCLE = 1 << 20  # longest cycle: a weight below 1/MAX_CYCLE of the total is refused
+ROW = 'segment_row'  # position keys: the segment's first row, and per component:
+ROWS_PER_CYCLE = 'rows_per_cycle.'  # + name: its rows in each cycle
+EXAMPLES = 'examples.'  # + name: its examples consumed before the segment's first row
+
+
+# A mixture component's settings and their types; those left out are data's.
+COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
+                      'validation_fraction': float}
+
+
+def check_components(components: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line naming it, a component that cannot be mixed."""
+  for name, component in components.items():
+    where = f'config.data.mixture.{name}'
+    if not name or '.' in name:
+      raise ValueError(f'config.data.mixture: a component name must be a non-empty word, '
+                       f'got {name!r}')
+    if not isinstance(component, ml_collections.ConfigDict):
+      raise ValueError(f'{where} must be a ConfigDict of {", ".join(COMPONENT_SETTINGS)}')
+    if 'objective' in component:
+      raise ValueError(f'{where}.objective: every component trains with config.data.objective '
+                       'for now; a per-component objective is not supported yet')
+    unknown = sorted(set(component) - set(COMPONENT_SETTINGS))
+    if unknown:
+      raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
+                       f'{", ".join(COMPONENT_SETTINGS)}')
+    weight = component.get('weight')
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+      raise ValueError(f'{where}.weight={weight!r} must be a positive number')
+    if not isinstance(component.get('source'), str) or not component.source:
+      raise ValueError(f'{where}.source must name a source or a token store')
+    fraction = component.get('validation_fraction', 0.0)
+    if not 0 <= fraction < 1:
+      raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
+
+
+def rows_per_cycle(weights: dict[str, float]) -> dict[str, int]:
+  """Weights -> integer rows per cycle by largest remainder, the cycle the shortest power of two
+  from FIRST_CYCLE that gives every component a row: {'a': 1, 'b': 2} -> {'a': 341, 'b': 683}."""
+  names = sorted(weights)
+  shares = np.array([weights[n] for n in names], np.float64) / sum(weights.values())
+  cycle = FIRST_CYCLE
+  while cycle * shares.min() < 1:
+    cycle *= 2
+    if cycle > MAX_CYCLE:
+      smallest = names[int(shares.argmin())]
+      raise ValueError(f'data.mixture.{smallest}.weight is below 1/{MAX_CYCLE:,} of the total '
+                       'weight; raise it or leave the component out')
+  ideal = shares * cycle
+  rows = np.floor(ideal).astype(np.int64)
+  by_remainder = sorted(range(len(names)), key=lambda c: (rows[c] - ideal[c], c))
+  for c in by_remainder[:cycle - rows.sum()]:
+    rows[c] += 1
+  return {n: int(r) for n, r in zip(names, rows)}
+
+
+class Schedule:
+  """One cycle of rows laid out by smooth weighted round-robin; components sorted by name."""
+
+  def __init__(self, rows: dict[str, int]):
+    self.names = sorted(rows)
+    self.rows = np.array([rows[n] for n in self.names], np.int64)
+    self.cycle = int(self.rows.sum())
+    self.component = np.empty(self.cycle, np.int32)  # the component of each cycle position
+    credit = np.zeros(len(self.names), np.int64)
+    for t in range(self.cycle):
+      credit += self.rows
+      chosen = int(credit.argmax())  # ties: the first by name
+      credit[chosen] -= self.cycle
+      self.component[t] = chosen
+    self.rank = np.empty(self.cycle, np.int64)  # rows of its component before t in the cycle
+    for c in range(len(self.names)):
+      where = np.flatnonzero(self.component == c)
+      self.rank[where] = np.arange(where.size)
+
+  def rows_before(self, row: int) -> np.ndarray:
+    """Rows of each component among the schedule's first `row` rows."""
+    return (row // self.cycle) * self.rows + np.bincount(
+        self.component[:row % self.cycle], minlength=len(self.names))
+
+
+class Segment:
+  """The schedule in force from row `start` on, and each component's examples before it."""
+
+  def __init__(self, rows: dict[str, int], start: int = 0, examples: dict[str, int] | None = None):
+    self.schedule = Schedule(rows)
+    self.start = start
+    self.examples = np.array([(examples or {}).get(n, 0) for n in self.schedule.names], np.int64)
+
+  def position(self) -> dict[str, int]:
+    """The segment as position keys (ints, as a checkpoint holds them)."""
+    names = self.schedule.names
+    return {ROW: self.start,
+            **{ROWS_PER_CYCLE + n: int(r) for n, r in zip(names, self.schedule.rows)},
+            **{EXAMPLES + n: int(e) for n, e in zip(names, self.examples)}}
+
+  def examples_before(self, row: int) -> dict[str, int]:
+    """Each component's examples consumed before global row `row` (at or after `start`)."""
+    consumed = self.examples + self.schedule.rows_before(row - self.start)
+    return {n: int(e) for n, e in zip(self.schedule.names, consumed)}
+
+
+def is_position_key(key: str) -> bool:
+  return key == ROW or key.startswith((ROWS_PER_CYCLE, EXAMPLES))
+
+
+def resumed_segment(weights: dict[str, float], position: dict, row: int) -> Segment:
+  """The segment to read global row `row` on with: the saved one in `position` if the weights
+  give its rows per cycle, else a new one from `row` that continues every component."""
+  rows = rows_per_cycle(weights)
+  if ROW not in position:  # a fresh run, or a batch number: the schedule from row 0
+    return Segment(rows)
+  saved = Segment({k[len(ROWS_PER_CYCLE):]: v for k, v in position.items()
+                   if k.startswith(ROWS_PER_CYCLE)}, position[ROW],
+                  {k[len(EXAMPLES):]: v for k, v in position.items() if k.startswith(EXAMPLES)})
+  if dict(zip(saved.schedule.names, saved.schedule.rows.tolist())) == rows:
+    return saved
+  return Segment(rows, row, saved.examples_before(row))
+
+
+def rates_by_size(sizes: dict[str, float], cap: float | None = None,
+                  temperature: float = 1.0) -> dict[str, float]:
+  """Weights proportional to each component's size (examples or tokens), as seqio's
+  `mixing_rate_num_examples`: each size capped at `cap`, then raised to 1 / `temperature`
+  (above 1 flattens toward equal weights): {'a': 100, 'b': 400}, cap=300 -> {'a': 100, 'b': 300};
+  temperature=2 -> {'a': 10, 'b': 20}."""
+  if temperature <= 0:
+    raise ValueError(f'temperature={temperature} must be positive')
+  capped = {name: min(size, cap) if cap else size for name, size in sizes.items()}
+  return {name: math.pow(size, 1 / temperature) for name, size in capped.items()}
