@@ -118,7 +118,7 @@ def encode_child(names: list[str]) -> None:
   tokens, seconds = 0, 0.0
   for name in names:
     with open(name, encoding='utf-8') as f:
-      while texts := [json.loads(line)['text'] for line, _ in zip(f, range(512))]:
+      while texts := [json.loads(line)['text'] for _, line in zip(range(512), f)]:
         start = time.perf_counter()
         encoded = sp.encode(texts, num_threads=os.cpu_count())
         seconds += time.perf_counter() - start
