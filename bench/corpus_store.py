@@ -165,6 +165,8 @@ def main() -> None:
   flags.add_argument('--repeats', type=int, default=3, help='runs of each start-up measurement')
   flags.add_argument('--read_batches', type=int, default=20, help='batches timed per read run')
   flags.add_argument('--baseline_tree', help='an earlier t5lite checkout to read bundled with')
+  flags.add_argument('--parts', default='prepare,reads,start',
+                     help='which measurements, comma-separated (the big store is always made)')
   flags.add_argument('--child', choices=('encode', 'reads', 'prepare'), help=argparse.SUPPRESS)
   flags.add_argument('--source', help=argparse.SUPPRESS)
   flags.add_argument('--out', help=argparse.SUPPRESS)
@@ -183,58 +185,73 @@ def main() -> None:
     os.mkdir(text)
     names = write_corpus(text, args.gigabytes)
     text_bytes = sum(os.path.getsize(n) for n in names)
-    big, small, bundled = (os.path.join(scratch, n) for n in ('big', 'small', 'bundled'))
+    big = os.path.join(scratch, 'big')
     tokens, wall, work = prepare(os.path.join(text, '*.jsonl'), big)
-    encoded, encode_s = sentencepiece_encode(names)
-    assert encoded == tokens, (encoded, tokens)  # the same documents, the same tokens
-    cores = os.cpu_count()
-    print(json.dumps({
-        'bench': 'corpus_store/prepare', 'text_bytes': text_bytes, 'tokens': tokens,
-        'prepare_s': round(wall, 1), 'prepare_after_imports_s': round(work, 1),
-        'sentencepiece_encode_s': round(encode_s, 1),
-        'prepare_tokens_per_s_per_core': round(tokens / work / cores),
-        'sentencepiece_tokens_per_s_per_core': round(tokens / encode_s / cores),
-        'ratio': round(encode_s / work, 3), 'ratio_with_start_up': round(encode_s / wall, 3),
-        **machine()}), flush=True)
-
-    small_text = os.path.join(scratch, 'small_text')
-    os.mkdir(small_text)
-    prepare(write_corpus(small_text, 0.01, files=1, seed=1)[0], small)
-    prepare('bundled', bundled)
-    sources = {'bundled_store': (bundled, ROOT), 'bundled_in_memory': ('bundled', ROOT),
-               'big_store': (big, ROOT)}
-    if args.baseline_tree:
-      sources['bundled_in_memory_baseline'] = ('bundled', os.path.abspath(args.baseline_tree))
-    rates = {name: [] for name in sources}
-    for repeat in range(args.repeats):
-      for name in (sources if repeat % 2 == 0 else reversed(sources)):
-        rates[name].append(reads(sources[name][0], args.read_batches, sources[name][1]))
-    medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
-    print(json.dumps({
-        'bench': 'corpus_store/reads', 'setting': READS, 'examples_per_cpu_s': medians,
-        'store_vs_in_memory': round(medians['bundled_store'] / medians['bundled_in_memory'], 3),
-        **({'store_vs_baseline_in_memory': round(
-            medians['bundled_store'] / medians['bundled_in_memory_baseline'], 3)}
-           if args.baseline_tree else {}),
-        'runs': args.repeats, **machine()}), flush=True)
-
-    runs = {'big': [], 'small': []}
-    for repeat in range(args.repeats):
-      for name in ('big', 'small') if repeat % 2 == 0 else ('small', 'big'):
-        runs[name].append(start_up(big if name == 'big' else small, scratch))
-    wall = {name: statistics.median(w for w, _ in r) for name, r in runs.items()}
-    peak = {name: statistics.median(p for _, p in r) for name, r in runs.items()}
-    print(json.dumps({
-        'bench': 'corpus_store/start', 'store_bytes': {
-            name: sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-            for name, path in (('big', big), ('small', small))},
-        'first_batch_s': {k: round(v, 2) for k, v in wall.items()},
-        'peak_rss_mib': {k: round(v) for k, v in peak.items()},
-        'first_batch_s_difference': round(wall['big'] - wall['small'], 2),
-        'peak_rss_ratio': round(peak['big'] / peak['small'], 3), 'runs': args.repeats,
-        **machine()}), flush=True)
+    parts = args.parts.split(',')
+    if 'prepare' in parts:
+      print_prepare(names, text_bytes, tokens, wall, work)
+    if 'reads' in parts:
+      print_reads(big, scratch, args)
+    if 'start' in parts:
+      print_start(big, scratch, args)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def print_prepare(names, text_bytes: int, tokens: int, wall: float, work: float) -> None:
+  encoded, encode_s = sentencepiece_encode(names)
+  assert encoded == tokens, (encoded, tokens)  # the same documents, the same tokens
+  cores = os.cpu_count()
+  print(json.dumps({
+      'bench': 'corpus_store/prepare', 'text_bytes': text_bytes, 'tokens': tokens,
+      'prepare_s': round(wall, 1), 'prepare_after_imports_s': round(work, 1),
+      'sentencepiece_encode_s': round(encode_s, 1),
+      'prepare_tokens_per_s_per_core': round(tokens / work / cores),
+      'sentencepiece_tokens_per_s_per_core': round(tokens / encode_s / cores),
+      'ratio': round(encode_s / work, 3), 'ratio_with_start_up': round(encode_s / wall, 3),
+      **machine()}), flush=True)
+
+
+def print_reads(big: str, scratch: str, args) -> None:
+  bundled = os.path.join(scratch, 'bundled')
+  prepare('bundled', bundled)
+  sources = {'bundled_store': (bundled, ROOT), 'bundled_in_memory': ('bundled', ROOT),
+             'big_store': (big, ROOT)}
+  if args.baseline_tree:
+    sources['bundled_in_memory_baseline'] = ('bundled', os.path.abspath(args.baseline_tree))
+  rates = {name: [] for name in sources}
+  for repeat in range(args.repeats):
+    for name in (sources if repeat % 2 == 0 else reversed(sources)):
+      rates[name].append(reads(sources[name][0], args.read_batches, sources[name][1]))
+  medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
+  print(json.dumps({
+      'bench': 'corpus_store/reads', 'setting': READS, 'examples_per_cpu_s': medians,
+      'store_vs_in_memory': round(medians['bundled_store'] / medians['bundled_in_memory'], 3),
+      **({'store_vs_baseline_in_memory': round(
+          medians['bundled_store'] / medians['bundled_in_memory_baseline'], 3)}
+         if args.baseline_tree else {}),
+      'runs': args.repeats, **machine()}), flush=True)
+
+
+def print_start(big: str, scratch: str, args) -> None:
+  small, small_text = os.path.join(scratch, 'small'), os.path.join(scratch, 'small_text')
+  os.mkdir(small_text)
+  prepare(write_corpus(small_text, 0.01, files=1, seed=1)[0], small)
+  runs = {'big': [], 'small': []}
+  for repeat in range(args.repeats):
+    for name in ('big', 'small') if repeat % 2 == 0 else ('small', 'big'):
+      runs[name].append(start_up(big if name == 'big' else small, scratch))
+  wall = {name: statistics.median(w for w, _ in r) for name, r in runs.items()}
+  peak = {name: statistics.median(p for _, p in r) for name, r in runs.items()}
+  print(json.dumps({
+      'bench': 'corpus_store/start', 'store_bytes': {
+          name: sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+          for name, path in (('big', big), ('small', small))},
+      'first_batch_s': {k: round(v, 2) for k, v in wall.items()},
+      'peak_rss_mib': {k: round(v) for k, v in peak.items()},
+      'first_batch_s_difference': round(wall['big'] - wall['small'], 2),
+      'peak_rss_ratio': round(peak['big'] / peak['small'], 3), 'runs': args.repeats,
+      **machine()}), flush=True)
 
 
 if __name__ == '__main__':

@@ -39,7 +39,7 @@ from t5lite.data import packing
 from t5lite.data import store
 from t5lite.data import vocabulary
 
-READ_EXAMPLES = 64  # examples whose tokens one call reads
+READ_EXAMPLES = 512  # examples whose tokens one call reads
 _ENDLESS = 1 << 62
 
 

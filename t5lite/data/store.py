@@ -27,6 +27,7 @@ import functools
 import hashlib
 import itertools
 import json
+import mmap
 import os
 import queue
 import re
@@ -176,6 +177,8 @@ class Tokens:
     """int32[len(begins), length]: the window at each of `begins` (each within the tokens)."""
     if self._remote:
       return np.stack(list(_remote_pool().map(lambda b: self.window(int(b), length), begins)))
+    if len(self._pieces) == 1:  # one gather for them all
+      return self._pieces[0][begins[:, None] + np.arange(length)].astype(np.int32)
     return np.stack([self.window(int(b), length) for b in begins])
 
 
@@ -202,6 +205,13 @@ class _RemoteFile:
     return np.frombuffer(raw, self._dtype)
 
 
+def _mapped(file: str, dtype: np.dtype) -> np.ndarray:
+  """The tokens of a local file, memory-mapped read-only: a plain array (np.memmap's subclass
+  costs time on every slice) over pages the OS reads as they are touched."""
+  with open(file, 'rb') as f:
+    return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype)
+
+
 class Store:
   """A complete token store: its parts' manifests, checked; `tokens(split)` reads a split."""
 
@@ -225,7 +235,7 @@ class Store:
         if remote:
           pieces.append(_RemoteFile(file, self.dtype, size))
         elif size:
-          pieces.append(np.memmap(file, self.dtype, mode='r', shape=(size,)))
+          pieces.append(_mapped(file, self.dtype))
     return Tokens(pieces, remote)
 
   def check_vocabulary(self, vocab: vocabulary_lib.Vocabulary, name: str) -> None:
