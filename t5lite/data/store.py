@@ -14,8 +14,8 @@ fraction and text key, and what the part was prepared from: its inputs, document
 split, and what was skipped and why. A run reads a store only if every part is there, whole and
 of the run's vocabulary.
 
-Every text source is read as tokens in the same way (`split_tokens`): a store is memory-mapped
-(on Cloud Storage, read by ranges); any other source is tokenized in memory when a run starts,
+Every text source is read as tokens in the same way (`split_tokens`): a store is read by ranges
+(pread; on Cloud Storage, ranged reads); any other source is tokenized in memory when a run starts,
 by the same code `prepare` runs, so a store prepared from a source holds exactly the tokens that
 source gives in memory, and trains exactly alike.
 """
@@ -27,7 +27,6 @@ import functools
 import hashlib
 import itertools
 import json
-import mmap
 import os
 import queue
 import re
@@ -151,7 +150,7 @@ def _read_ahead(iterator: Iterator, depth: int = 2) -> Iterator:
 
 
 class Tokens:
-  """A split's tokens: pieces (numpy arrays, memory maps, remote files) read as one sequence."""
+  """A split's tokens: pieces (numpy arrays, token files) read as one sequence."""
 
   def __init__(self, pieces: Sequence, remote: bool = False):
     self._pieces = [p for p in pieces if len(p)]
@@ -177,7 +176,7 @@ class Tokens:
     """int32[len(begins), length]: the window at each of `begins` (each within the tokens)."""
     if self._remote:
       return np.stack(list(_remote_pool().map(lambda b: self.window(int(b), length), begins)))
-    if len(self._pieces) == 1:  # one gather for them all
+    if len(self._pieces) == 1 and isinstance(self._pieces[0], np.ndarray):  # one gather
       return self._pieces[0][begins[:, None] + np.arange(length)].astype(np.int32)
     return np.stack([self.window(int(b), length) for b in begins])
 
@@ -187,29 +186,29 @@ def _remote_pool() -> concurrent.futures.ThreadPoolExecutor:
   return concurrent.futures.ThreadPoolExecutor(_REMOTE_READERS)
 
 
-class _RemoteFile:
-  """A token file on Cloud Storage, sliced by ranged reads (one open file per thread)."""
+class _TokenFile:
+  """A token file read by ranges: locally with pread, so that what was read stays in the OS's
+  page cache and never in this process's memory (a memory map would count every page it touched,
+  and the pages around it, as the process's); on Cloud Storage by ranged reads, an open file per
+  thread."""
 
-  def __init__(self, name: str, dtype: np.dtype, size: int):
+  def __init__(self, name: str, dtype: np.dtype, size: int, remote: bool):
     self._name, self._dtype, self._size = name, dtype, size
     self._local = threading.local()
+    self._fd = None if remote else os.open(name, os.O_RDONLY)
 
   def __len__(self) -> int:
     return self._size
 
   def __getitem__(self, where: slice) -> np.ndarray:
+    offset = where.start * self._dtype.itemsize
+    count = (where.stop - where.start) * self._dtype.itemsize
+    if self._fd is not None:
+      return np.frombuffer(os.pread(self._fd, count, offset), self._dtype)
     if not hasattr(self._local, 'file'):
       self._local.file = tf.io.gfile.GFile(self._name, 'rb')
-    self._local.file.seek(where.start * self._dtype.itemsize)
-    raw = self._local.file.read((where.stop - where.start) * self._dtype.itemsize)
-    return np.frombuffer(raw, self._dtype)
-
-
-def _mapped(file: str, dtype: np.dtype) -> np.ndarray:
-  """The tokens of a local file, memory-mapped read-only: a plain array (np.memmap's subclass
-  costs time on every slice) over pages the OS reads as they are touched."""
-  with open(file, 'rb') as f:
-    return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype)
+    self._local.file.seek(offset)
+    return np.frombuffer(self._local.file.read(count), self._dtype)
 
 
 class Store:
@@ -226,17 +225,14 @@ class Store:
     if split not in sources.SPLITS:
       raise ValueError(f'split must be one of {sources.SPLITS}, got {split!r}')
     wanted = SPLITS if split == 'all' else (split,)
-    remote = paths.is_uri(self.path)
-    pieces = []
-    for name in wanted:
-      for manifest in self.manifests:
-        file = os.path.join(self.path, f'{manifest["part"]}.{name}')
-        size = manifest['tokens'][name]
-        if remote:
-          pieces.append(_RemoteFile(file, self.dtype, size))
-        elif size:
-          pieces.append(_mapped(file, self.dtype))
-    return Tokens(pieces, remote)
+    return Tokens([self._file(manifest['part'], name, manifest['tokens'][name])
+                   for name in wanted for manifest in self.manifests], paths.is_uri(self.path))
+
+  @functools.lru_cache(maxsize=None)
+  def _file(self, part: str, split: str, size: int) -> _TokenFile:
+    """A part's token file, opened once however many pipelines read it (one per evaluation)."""
+    return _TokenFile(os.path.join(self.path, f'{part}.{split}'), self.dtype, size,
+                      paths.is_uri(self.path))
 
   def check_vocabulary(self, vocab: vocabulary_lib.Vocabulary, name: str) -> None:
     if self.vocabulary['sha256'] != vocabulary_digest(vocab):
