@@ -21,8 +21,7 @@ def test_the_bench_reports_every_ratio_from_a_corpus_it_writes_and_removes(tmp_p
   assert sorted(rows) == ['corpus_store/prepare', 'corpus_store/reads', 'corpus_store/start']
   prepared = rows['corpus_store/prepare']
   assert 4e6 <= prepared['text_bytes'] < 5e6 and prepared['tokens'] > prepared['text_bytes'] / 8
-  assert prepared['ratio'] == pytest.approx(
-      prepared['sentencepiece_encode_s'] / prepared['prepare_after_imports_s'], abs=0.06)
+  assert 0 < prepared['ratio_with_start_up'] < prepared['ratio'] < 2  # start-up costs the command
   reads = rows['corpus_store/reads']
   assert set(reads['examples_per_cpu_s']) == {'bundled_store', 'bundled_in_memory', 'big_store'}
   assert all(rate > 0 for rate in reads['examples_per_cpu_s'].values())
