@@ -144,9 +144,7 @@ class _TextInput(Input):
           if text is None:
             without_key += 1
             skipped[f'lines_without_{self._text_key}'] += 1
-        if text is not None and not text.strip():
-          skipped['empty_documents'] += 1
-        elif text is not None:
+        if _is_document(text, skipped):
           yield text
     if not lines:
       skipped['empty_files'] += 1
@@ -213,6 +211,14 @@ def _paragraphs(lines: Iterator[bytes]) -> Iterator[bytes]:
     yield b''.join(piece)
 
 
+def _is_document(text: str | None, skipped: collections.Counter) -> bool:
+  """Whether `text` (None: already skipped and counted) is a document; an empty one is counted."""
+  if text is not None and not text.strip():
+    skipped['empty_documents'] += 1
+    return False
+  return text is not None
+
+
 def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
   try:
     return raw.decode('utf-8')
@@ -256,9 +262,7 @@ class _ParquetInput(Input):
             rows += 1
             if text is None:
               skipped[f'null_{self._text_key}'] += 1
-            elif not text.strip():
-              skipped['empty_documents'] += 1
-            else:
+            elif _is_document(text, skipped):
               yield text
         if not rows:
           skipped['empty_files'] += 1
@@ -315,10 +319,7 @@ class _TfdsInput(Input):
   def documents(self, skipped):
     records = self._builder.as_dataset(split=self._records, shuffle_files=False)
     for text in records.map(lambda record: record[self._text_key]).as_numpy_iterator():
-      text = _utf8(text, skipped)
-      if text is not None and not text.strip():
-        skipped['empty_documents'] += 1
-      elif text is not None:
+      if _is_document(text := _utf8(text, skipped), skipped):
         yield text
 
 
