@@ -2,7 +2,8 @@
 
 Sums rather than means so that gradient accumulation over microbatches adds up to exactly the
 big batch: the step adds the sums of its microbatches and divides once by `loss_denominator`
-of the whole batch.
+of the whole batch. With `groups` (a mixture's rows by component), the token losses also come
+summed per group, so that per-component metrics add up the same way.
 """
 
 from typing import Callable
@@ -49,26 +50,49 @@ def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array, *, z_loss: 
 
 
 def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array, *,
-                 z_loss: float = 0.0, label_smoothing: float = 0.0) -> dict[str, jax.Array]:
-  """Weighted sums over a batch of logits [..., vocab] against integer targets [...].
+                 z_loss: float = 0.0, label_smoothing: float = 0.0,
+                 groups: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Weighted sums over a batch of logits [b, ..., vocab] against integer targets [b, ...].
 
   Returns float32 scalars: `loss` (cross entropy + z-loss, what is minimised), `z_loss` (its
   z-loss part), `weight` (the sum of weights: real target tokens) and `correct` (weighted count
-  of argmax == target). Positions of weight 0 (padding) contribute nothing.
+  of argmax == target). Positions of weight 0 (padding) contribute nothing. With `groups`
+  (float32 [b, G], each row's group one-hot: a mixture's components), also `group_loss`,
+  `group_weight` and `group_correct`, float32 [G]: the same sums over each group's rows.
   """
   weights = weights.astype(jnp.float32)
   loss, z = cross_entropy_with_logits(logits, targets, z_loss=z_loss,
                                       label_smoothing=label_smoothing)
   correct = jnp.argmax(logits, axis=-1) == targets
-  return dict(loss=jnp.sum(loss * weights), z_loss=jnp.sum(z * weights),
+  sums = dict(loss=jnp.sum(loss * weights), z_loss=jnp.sum(z * weights),
               weight=jnp.sum(weights), correct=jnp.sum(correct * weights))
+  if groups is not None:
+    sums.update(group_sums(groups, loss=loss * weights, weight=weights,
+                           correct=correct * weights))
+  return sums
+
+
+def group_sums(groups: jax.Array, **values: jax.Array) -> dict[str, jax.Array]:
+  """Per-token values [b, ...] summed over each group's rows: {name: [b, ...]} ->
+  {'group_' + name: [G]}, for rows' groups [b, G] one-hot.
+
+  groups [[1 0] [0 1] [1 0]], weight [[1 1] [1 0] [0 1]] -> group_weight [3 1]
+  """
+  sums = {}
+  for name, value in values.items():
+    rows = jnp.sum(value.reshape(value.shape[0], -1), axis=-1)  # [b, ...] -> [b]
+    # [b, 1] * [b, G] summed over b -> [G]: a float32 sum, where a matmul may round to bfloat16
+    # (TPU) or TF32 (GPU) at default precision
+    sums[f'group_{name}'] = jnp.sum(rows[:, None] * groups, axis=0)
+  return sums
 
 
 def chunked_token_losses(x: jax.Array, project: Callable[[jax.Array], jax.Array],
                          targets: jax.Array, weights: jax.Array, num_chunks: int, *,
-                         z_loss: float = 0.0, label_smoothing: float = 0.0
-                         ) -> dict[str, jax.Array]:
-  """`token_losses(project(x), targets, weights)` without ever holding all the logits.
+                         z_loss: float = 0.0, label_smoothing: float = 0.0,
+                         groups: jax.Array | None = None) -> dict[str, jax.Array]:
+  """`token_losses(project(x), targets, weights, groups=groups)` without ever holding all the
+  logits.
 
   For vocabularies large enough that the float32 logits [b, l, vocab] and their gradient are
   the biggest arrays of a train step. The length is padded with weight 0 to a multiple of
@@ -91,7 +115,7 @@ def chunked_token_losses(x: jax.Array, project: Callable[[jax.Array], jax.Array]
   def chunk_sums(chunk):
     x, targets, weights = chunk
     return token_losses(project(x), targets, weights, z_loss=z_loss,
-                        label_smoothing=label_smoothing)
+                        label_smoothing=label_smoothing, groups=groups)  # groups: every row's
 
   sums = jax.lax.map(chunk_sums, (chunks(x), chunks(targets), chunks(weights)))
   return jax.tree.map(lambda s: jnp.sum(s, axis=0), sums)

@@ -152,3 +152,58 @@ def test_chunk_count_must_be_positive():
                                        'got -1'):
     losses.chunked_token_losses(jnp.zeros((1, 2, 3)), lambda h: h, np.zeros((1, 2), int),
                                 np.ones((1, 2)), -1)
+
+
+def group_batch(rows: int = 5):
+  """Hidden states [5, 7, 16] and a projection to 50 logits; half the targets the argmax (so that
+  `correct` counts something), padding here and there; rows in groups 0 1 0 2 1 of 4 (3 empty)."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(rows, 7, 16)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(16, 50)) / 4, jnp.float32)
+  targets = np.where(rng.random((rows, 7)) < 0.5, np.argmax(x @ kernel, -1),
+                     rng.integers(0, 50, (rows, 7)))
+  weights = (rng.random((rows, 7)) < 0.8).astype(np.float32)
+  component = np.array([0, 1, 0, 2, 1])[:rows]
+  return x, kernel, targets, weights, component
+
+
+@pytest.mark.parametrize('num_chunks', [0, 3])
+@pytest.mark.parametrize('z_loss, label_smoothing', [(0.0, 0.0), (1e-2, 0.1)])
+def test_group_sums_are_the_sums_over_each_groups_rows(num_chunks, z_loss, label_smoothing):
+  x, kernel, targets, weights, component = group_batch()
+  groups = jax.nn.one_hot(component, 4, dtype=jnp.float32)
+  options = dict(z_loss=z_loss, label_smoothing=label_smoothing)
+  if num_chunks:
+    got = losses.chunked_token_losses(x, lambda h: h @ kernel, targets, weights, num_chunks,
+                                      groups=groups, **options)
+  else:
+    got = losses.token_losses(x @ kernel, targets, weights, groups=groups, **options)
+  for name in ('loss', 'weight', 'correct'):
+    assert got[f'group_{name}'].shape == (4,) and got[f'group_{name}'].dtype == jnp.float32
+  for group in range(4):
+    rows = component == group
+    alone = numpy_losses(np.asarray(x[rows] @ kernel, np.float64), targets[rows], weights[rows],
+                         **options)
+    for name in ('loss', 'weight', 'correct'):
+      np.testing.assert_allclose(got[f'group_{name}'][group], alone[name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f'{name} of group {group}')
+  assert got['group_weight'][3] == 0 and 0 < got['group_correct'][0] < got['group_weight'][0]
+  for name in ('loss', 'weight', 'correct'):  # the groups make up the batch
+    np.testing.assert_allclose(jnp.sum(got[f'group_{name}']), got[name], rtol=1e-5)
+
+
+def test_groups_change_neither_the_sums_nor_the_gradient():
+  x, kernel, targets, weights, component = group_batch()
+  groups = jax.nn.one_hot(component, 3, dtype=jnp.float32)
+
+  def total(x, groups=None):
+    return losses.token_losses(x @ kernel, targets, weights, z_loss=1e-2, groups=groups)
+
+  plain, grouped = total(x), total(x, groups)
+  for name in plain:
+    np.testing.assert_array_equal(grouped[name], plain[name], err_msg=name)
+  np.testing.assert_array_equal(jax.grad(lambda x: total(x, groups)['loss'])(x),
+                                jax.grad(lambda x: total(x)['loss'])(x))
+  one = total(x, jnp.ones((len(component), 1)))  # a single group: the whole batch
+  for name in ('loss', 'weight', 'correct'):
+    np.testing.assert_allclose(one[f'group_{name}'], [plain[name]], rtol=1e-6, err_msg=name)
