@@ -47,7 +47,8 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
-  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra (t5lite/objectives)
+  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra | seq2seq_lm
+  # (t5lite/objectives)
   data.objective = 'span_corruption'
   # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
   # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
@@ -56,11 +57,13 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.targets_length = 114  # decoder length; random_spans_helper's value for 512 inputs
   data.noise_density = 0.15  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3
   data.mean_noise_span_length = 3.0  # span_corruption's mean span; bart's Poisson lambda
+  data.mode = ''  # text every example's inputs start with: UL2's mode tokens ('[NLU]', ...)
   data.batch_size = 128  # global, across all processes
   data.validation_fraction = 0.05  # held out by whole document
   data.seed = 0
-  # Named components mixed by weight, each {source, weight (> 0), and optionally text_key,
-  # validation_fraction}, e.g. --config.data.mixture.web.source=stores/web
+  # Named components mixed by weight, each {weight (> 0), and optionally its own source,
+  # text_key, validation_fraction, objective, noise_density, mean_noise_span_length, mode; those
+  # left out are data's}, e.g. --config.data.mixture.web.source=stores/web
   # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/data/mixture.py).
   data.mixture = ml_collections.ConfigDict()
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)

@@ -4,7 +4,9 @@
   segment.schedule.component[t]  # the component of cycle position t (sorted by name: books 0)
   segment.schedule.rank[t]       # that component's rows before t in the cycle
 
-`data.mixture` names components, each a source (or token store) with a weight. Rates are in rows
+`data.mixture` names components, each a source (or token store; data's if left out) with a
+weight, and optionally its own objective and that objective's settings (UL2's denoisers are
+seven components of one source: t5lite/objectives/ul2.py). Rates are in rows
 (one example per packed row, so in tokens). The weights become integer rows per cycle of L rows
 (largest remainder; L = 1024, doubled until every component has a row), and one cycle is laid
 out by smooth weighted round-robin (nginx's): every position adds each component's rows to its
@@ -37,13 +39,15 @@ ROWS_PER_CYCLE = 'rows_per_cycle.'  # + name: its rows in each cycle
 EXAMPLES = 'examples.'  # + name: its examples consumed before the segment's first row
 
 
-# A mixture component's settings and their types; those left out are data's.
+# A mixture component's settings and their types; those left out are data's (its source too).
 COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
-                      'validation_fraction': float}
+                      'validation_fraction': float, 'objective': str, 'noise_density': float,
+                      'mean_noise_span_length': float, 'mode': str}
 
 
 def check_components(components: ml_collections.ConfigDict) -> None:
-  """Refuses, in one line naming it, a component that cannot be mixed."""
+  """Refuses, in one line naming it, a component that cannot be mixed; its objective is checked
+  with the model's (t5lite/objectives: `components`)."""
   for name, component in components.items():
     where = f'config.data.mixture.{name}'
     if not name or '.' in name:
@@ -51,9 +55,6 @@ def check_components(components: ml_collections.ConfigDict) -> None:
                        f'got {name!r}')
     if not isinstance(component, ml_collections.ConfigDict):
       raise ValueError(f'{where} must be a ConfigDict of {", ".join(COMPONENT_SETTINGS)}')
-    if 'objective' in component:
-      raise ValueError(f'{where}.objective: every component trains with config.data.objective '
-                       'for now; a per-component objective is not supported yet')
     unknown = sorted(set(component) - set(COMPONENT_SETTINGS))
     if unknown:
       raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
@@ -61,11 +62,28 @@ def check_components(components: ml_collections.ConfigDict) -> None:
     weight = component.get('weight')
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
       raise ValueError(f'{where}.weight={weight!r} must be a positive number')
-    if not isinstance(component.get('source'), str) or not component.source:
-      raise ValueError(f'{where}.source must name a source or a token store')
+    for setting, what in (('source', 'a source or a token store'), ('objective', 'an objective')):
+      if setting in component and not (isinstance(component[setting], str)
+                                       and component[setting]):
+        raise ValueError(f"{where}.{setting} must name {what}, or be left out (data's)")
     fraction = component.get('validation_fraction', 0.0)
     if not 0 <= fraction < 1:
       raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
+    if not 0 <= component.get('noise_density', 0.0) < 1:
+      raise ValueError(f'{where}.noise_density={component.noise_density} must be in [0, 1)')
+    if not component.get('mean_noise_span_length', 1.0) > 0:
+      raise ValueError(f'{where}.mean_noise_span_length={component.mean_noise_span_length} '
+                       'must be positive')
+
+
+def component_data(data: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """`data` as component `name` reads it: a single source, the component's settings over data's."""
+  view = ml_collections.ConfigDict(data.to_dict())
+  view.mixture = ml_collections.ConfigDict()
+  for setting, value in data.mixture[name].items():
+    if setting != 'weight':
+      view[setting] = value
+  return view
 
 
 def rows_per_cycle(weights: dict[str, float]) -> dict[str, int]:

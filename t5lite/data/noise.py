@@ -11,6 +11,8 @@ the stream, so a chunk seen again in a later epoch is corrupted anew (dynamic ma
 - `mlm_nsp` (BERT with next-sentence prediction): [CLS] A [SEP] B [SEP], B the text after A
   or from elsewhere, half and half; MLM over A and B.
 - `causal_lm` (GPT) and `prefix_lm` (T5's prefix LM for a decoder-only model).
+- `prefix_to_targets` (T5's prefix LM for an encoder-decoder: UL2's S-denoiser), and
+  `prepend_inputs`, which starts every example's inputs with fixed tokens (UL2's mode tokens).
 - `bart` (Lewis et al. 2020): sentence permutation, then text infilling with Poisson(3) spans.
 
 The vocabulary has no [MASK], [CLS] or [SEP] piece: MLM and BART mask with `<extra_id_0>`
@@ -236,6 +238,32 @@ def prefix_lm(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return {'targets': tokens, 'prefix': random_prefix_mask(tf.size(tokens), example['seed'])}
 
   return _map(dataset, split)
+
+
+def prefix_to_targets(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """T5's prefix LM for an encoder-decoder (its `prefix_lm` preprocessor, UL2's S-denoiser):
+  {'targets': n raw tokens, 'seed'} -> {'inputs': a `random_prefix_mask` prefix of p tokens +
+  EOS, 'targets': the other n - p + EOS}, p uniform in [1, n - 1].
+    targets (raw) A B C D E, p = 2  ->  inputs A B EOS, targets C D E EOS
+  """
+  def split(example):
+    tokens = example['targets']
+    p = tf.reduce_sum(random_prefix_mask(tf.size(tokens), example['seed']))
+    eos = tf.constant([EOS_ID], tokens.dtype)
+    return {'inputs': tf.concat([tokens[:p], eos], 0), 'targets': tf.concat([tokens[p:], eos], 0)}
+
+  return _map(dataset, split)
+
+
+def prepend_inputs(dataset: tf.data.Dataset, ids: list[int]) -> tf.data.Dataset:
+  """Every example's inputs start with `ids` (UL2's mode tokens, e.g. the encoded text [NLU]);
+  no `ids`, the dataset as it is."""
+  if not ids:
+    return dataset
+  start = tf.constant(ids, tf.int32)
+  return _map(dataset, lambda example: {
+      **example, 'inputs': tf.concat([tf.cast(start, example['inputs'].dtype),
+                                      example['inputs']], 0)})
 
 
 def sentence_permutation(tokens, sentence_end_ids, seed):

@@ -17,7 +17,10 @@ examples, whatever the size of the tokens.
 
 `data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
 the transform that noises it, the packed rows' lengths and the feature converter; every batch
-holds exactly the features it declares.
+holds exactly the features it declares. A mixture (t5lite/data/mixture.py) makes each
+component's rows as a single source's, with the component's own objective and settings, and
+takes each global row from its component's rows in the schedule's order; the run's objective
+converts them all, so every component must make its features (`objectives.components`).
 
 TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data runs on
 `data.threads` threads per process.
@@ -87,32 +90,53 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   ValueError line for anything in `data` that cannot work."""
   position = first_batch if isinstance(first_batch, dict) else {'batch': first_batch}
   first_batch = position['batch']
-  objective = objectives.get(data.objective)
-  raw_length = objective.raw_length(data)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
+  components = objectives.components(data)
+  segment = None
   if data.get('mixture'):
     mixture.check_components(data.mixture)
     weights = {name: component.weight for name, component in data.mixture.items()}
     segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
-    streams = [_component_stream(data, name, split, raw_length)
-               for name in segment.schedule.names]
-  else:
-    segment, streams = None, [_Stream(store.split_tokens(data, split), raw_length, [data.seed, 0])]
-  examples = _indexed_examples(streams, raw_length, data, share, first_batch, objective.pairs,
-                               segment)
-  examples = objective.transform(examples, data, vocab)
-  rows = examples.map(  # one example per row (only BART's inputs fall short of theirs)
-      functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),
-      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  rows = [_component_rows(name, view, objective, split, vocab, share, first_batch, segment)
+          for name, view, objective in components]
   per_process = share.stop - share.start
-  batches = rows.batch(per_process, drop_remainder=True)
-  if segment:
-    components = _rows(share, first_batch, data.batch_size).map(
-        lambda row: _locate(segment, row)[0]).batch(per_process, drop_remainder=True)
-    batches = tf.data.Dataset.zip(batches, components).map(
-        lambda batch, component: {**batch, 'component': component})
-  return Pipeline(_model_features(batches, objective, data, per_process), first_batch,
-                  segment.position() if segment else {})
+  if segment:  # each row from its component's rows, in the schedule's order
+    component = _rows(share, first_batch, data.batch_size).map(
+        lambda row: _locate(segment, row)[0])
+    batches = tf.data.Dataset.zip(
+        tf.data.Dataset.choose_from_datasets(rows, component), component).map(
+            lambda row, component: {**row, 'component': component}).batch(
+                per_process, drop_remainder=True)
+  else:
+    batches = rows[0].batch(per_process, drop_remainder=True)
+  return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
+                  first_batch, segment.position() if segment else {})
+
+
+def _component_rows(name: str, data, objective: objectives.Objective, split: str, vocab,
+                    share: slice, first_batch: int,
+                    segment: mixture.Segment | None) -> tf.data.Dataset:
+  """This process's packed rows of one source (a mixture's component `name`, with `data` its
+  settings), from global batch `first_batch` on: its chunks, noised by its objective."""
+  try:
+    raw_length = objective.raw_length(data)
+    tokens = store.split_tokens(data, split)
+  except (ValueError, FileNotFoundError) as error:
+    if not name:
+      raise
+    raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}') from None
+  if tokens.size < raw_length:
+    raise ValueError(f'{f"data.mixture.{name}: " if name else ""}the {split} split has '
+                     f'{tokens.size} tokens, fewer than one example of {raw_length}; add text or '
+                     'change data.validation_fraction')
+  # A component's random choices are keyed by its name; a single source's as before mixtures.
+  seed = [data.seed, 2 * zlib.crc32(name.encode()) if name else 0]
+  component = segment.schedule.names.index(name) if segment else 0
+  examples = _indexed_examples(_Stream(tokens, raw_length, seed), raw_length, data, share,
+                               first_batch, objective.pairs, segment, component)
+  return objective.transform(examples, data, vocab).map(  # an example per row (only BART's
+      functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),  # inputs fall
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # short of theirs)
 
 
 class _Stream:
@@ -125,23 +149,6 @@ class _Stream:
     self.example_key, self.epoch_key = tf.unstack(
         tf.random.experimental.stateless_split(tf.constant(seed, tf.int64), 2))
     self.other_key = tf.constant([seed[0], seed[1] + 1], tf.int64)
-
-
-def _component_stream(data, name: str, split: str, raw_length: int) -> _Stream:
-  """Component `name` of data.mixture as a stream, keyed by (seed, its name)."""
-  component = data.mixture[name]
-  view = ml_collections.ConfigDict(data.to_dict())
-  view.source = component.source
-  view.text_key = component.get('text_key', data.text_key)
-  view.validation_fraction = component.get('validation_fraction', data.validation_fraction)
-  try:
-    tokens = store.split_tokens(view, split)
-  except (ValueError, FileNotFoundError) as error:
-    raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}') from None
-  if tokens.size < raw_length:
-    raise ValueError(f'data.mixture.{name}: the {split} split has {tokens.size} tokens, fewer '
-                     f'than one example of {raw_length}')
-  return _Stream(tokens, raw_length, [data.seed, 2 * zlib.crc32(name.encode())])
 
 
 def _rows(share: slice, first_batch: int, batch_size: int) -> tf.data.Dataset:
@@ -165,54 +172,41 @@ def _locate(segment: mixture.Segment | None, row):
   return component, example
 
 
-def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slice,
-                      first_batch: int, pairs: bool = False,
-                      segment: mixture.Segment | None = None) -> tf.data.Dataset:
-  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and
-  with `pairs` 'other': raw_length tokens from a random place of the split. One stream, or a
-  mixture's streams by `segment`'s schedule."""
-  if streams[0].chunks == 0:
-    raise ValueError(f'the split has {streams[0].tokens.size} tokens, fewer than one example of '
-                     f'{raw_length}; add text or change data.validation_fraction')
-
-  def stacked(attribute):
-    return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
-
-  chunks, slack, sizes = stacked('chunks'), stacked('slack'), stacked('size')
-  example_keys, epoch_keys, other_keys = (
-      stacked(key) for key in ('example_key', 'epoch_key', 'other_key'))
+def _indexed_examples(stream: _Stream, raw_length: int, data, share: slice, first_batch: int,
+                      pairs: bool = False, segment: mixture.Segment | None = None,
+                      component: int = 0) -> tf.data.Dataset:
+  """This process's raw chunks of one stream from global batch `first_batch` on: {'targets',
+  'seed'}, and with `pairs` 'other': raw_length tokens from a random place of the split. With a
+  mixture's `segment`, those of the rows the schedule gives to `component`."""
+  chunks = tf.constant(stream.chunks, tf.int64)
 
   def place(row):
-    # c is the row's component, i the example's place in that component's stream.
-    c, i = _locate(segment, row)
-    count = chunks[c]
+    i = _locate(segment, row)[1]  # the example's place in the stream
     shuffle_key, offset_key = tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(epoch_keys[c], i // count), 2))
-    chunk = tf.random.experimental.index_shuffle(i % count, shuffle_key, count - 1)
-    offset = tf.random.stateless_uniform([], offset_key, 0, slack[c] + 1, dtype=tf.int64)
-    example = {'targets': tf.stack([c, offset + chunk * raw_length]),
-               'seed': tf.random.experimental.stateless_fold_in(example_keys[c], i)}
+        tf.random.experimental.stateless_fold_in(stream.epoch_key, i // chunks), 2))
+    chunk = tf.random.experimental.index_shuffle(i % chunks, shuffle_key, chunks - 1)
+    offset = tf.random.stateless_uniform([], offset_key, 0, stream.slack + 1, dtype=tf.int64)
+    example = {'targets': offset + chunk * raw_length,
+               'seed': tf.random.experimental.stateless_fold_in(stream.example_key, i)}
     if pairs:
-      example['other'] = tf.stack([c, tf.random.stateless_uniform(
-          [], tf.random.experimental.stateless_fold_in(other_keys[c], i), 0,
-          sizes[c] - raw_length + 1, dtype=tf.int64)])
+      example['other'] = tf.random.stateless_uniform(
+          [], tf.random.experimental.stateless_fold_in(stream.other_key, i), 0,
+          stream.size - raw_length + 1, dtype=tf.int64)
     return example
 
-  def read(examples):  # token windows in place of (component, where they begin)
+  def read(examples):  # token windows in place of where they begin
     for name in ('targets', 'other') if pairs else ('targets',):
       windows = tf.numpy_function(read_windows, [examples[name]], tf.int32, stateful=False)
       examples[name] = tf.ensure_shape(windows, [None, raw_length])
     return examples
 
-  def read_windows(places):  # int64[n, 2] of (component, begin) -> int32[n, raw_length]
-    windows = np.empty((len(places), raw_length), np.int32)
-    for c in np.unique(places[:, 0]):
-      rows = places[:, 0] == c
-      windows[rows] = streams[c].tokens.windows(places[rows, 1], raw_length)
-    return windows
+  def read_windows(begins):  # int64[n] -> int32[n, raw_length]
+    return stream.tokens.windows(begins, raw_length)
 
-  return (_rows(share, first_batch, data.batch_size)
-          .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  rows = _rows(share, first_batch, data.batch_size)
+  if segment:
+    rows = rows.filter(lambda row: tf.equal(_locate(segment, row)[0], component))
+  return (rows.map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
           .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .unbatch())

@@ -6,6 +6,8 @@ that the corrupted inputs fill their row exactly (`random_spans_helper`):
   raw     A B C D E F G H I J       noise spans [C D] and [I J]
   inputs  A B <X0> E F G H <X1> EOS
   targets <X0> C D <X1> I J EOS
+With `data.mode` (UL2's mode token, e.g. '[NLU]') the inputs start with that text's ids, and the
+raw chunk is the one whose corrupted inputs fill the rest of the row.
 The loss is the token cross entropy on the decoder's targets.
 """
 
@@ -18,19 +20,33 @@ class SpanCorruption(base.EncoderDecoderObjective):
   name = 'span_corruption'
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
-    """random_spans_helper's raw length; checks that the targets can hold a corrupted example."""
-    base.at_least(data, 'inputs_length', 2)  # a sentinel and EOS
+    """random_spans_helper's raw length for the inputs the mode tokens leave; checks that the
+    targets can hold a corrupted example."""
+    mode = len(mode_tokens(data))
+    base.at_least(data, 'inputs_length', mode + 2)  # a sentinel and EOS
     raw_length, targets_length = random_spans_helper(
-        data.inputs_length, data.noise_density, data.mean_noise_span_length)
+        data.inputs_length - mode, data.noise_density, data.mean_noise_span_length)
     if data.targets_length < targets_length:
       raise ValueError(f'data.targets_length={data.targets_length} is too short for span '
-                       f'corruption of {data.inputs_length} inputs: it needs {targets_length}')
+                       f'corruption of {data.inputs_length} inputs (density '
+                       f'{data.noise_density}, mean span {data.mean_noise_span_length}): it '
+                       f'needs {targets_length}')
     return raw_length
 
   def transform(self, examples, data, vocab):
     from t5lite.data import noise
-    return noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
-                                 data.mean_noise_span_length)
+    return noise.prepend_inputs(
+        noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
+                              data.mean_noise_span_length), mode_tokens(data))
+
+
+def mode_tokens(data: ml_collections.ConfigDict) -> list[int]:
+  """The ids of the text `data.mode` as the run's vocabulary encodes it ('[NLU]' -> 6 ids of
+  the bundled one, which has no [ or ]: ▁ <unk> N L U <unk>); [] without a mode."""
+  if not data.get('mode'):
+    return []
+  from t5lite.data import vocabulary
+  return vocabulary.load_vocabulary(data.vocabulary).encode_ids([data.mode])[0]
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
@@ -38,11 +54,13 @@ def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
   """(raw tokens per example, targets length) so that corrupted inputs fill `inputs_length`.
 
   Counts one sentinel per noise span in both inputs and targets and one EOS in each, as T5:
-  512 -> (568, 114), 256 -> (284, 58), 1024 -> (1137, 229), 128 -> (141, 29).
+  512 -> (568, 114), 256 -> (284, 58), 1024 -> (1137, 229), 128 -> (141, 29). Where T5 counts
+  no span (fewer noise tokens than half a mean span: 122 inputs at (0.15, 64)), this counts the
+  one span the noise mask makes, so the inputs still fit their row.
   """
   def lengths(tokens_length):
     num_noise_tokens = int(round(tokens_length * noise_density))
-    num_noise_spans = int(round(num_noise_tokens / mean_noise_span_length))
+    num_noise_spans = max(1, int(round(num_noise_tokens / mean_noise_span_length)))
     return (tokens_length - num_noise_tokens + num_noise_spans + 1,
             num_noise_tokens + num_noise_spans + 1)
 

@@ -196,9 +196,27 @@ def test_data_out_writes_component_counts_by_weight(texts, tmp_path, capsys):
     (['--config.data.mixture.web.weight=-1'], 'config.data.mixture.web.weight=-1.0 must be a '
                                               'positive number'),
     (['--config.data.mixture.web.colour=red'], 'unknown setting config.data.mixture.web.colour'),
-    (['--config.data.mixture.web.weight=1'], 'config.data.mixture.web.source must name a source'),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.source='],
+     "config.data.mixture.web.source must name a source or a token store, or be left out"),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=spans'],
+     "data.mixture.web.objective='spans' is not one of span_corruption, mlm,"),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=causal_lm'],
+     "data.mixture.web.objective='causal_lm' makes other features than data.objective="
+     "'span_corruption' at the run's lengths (encoder_input_tokens)"),
+    (['--config.data.objective=mlm', '--config.data.targets_length=0',
+      '--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=electra'],
+     "data.mixture.web.objective='electra' computes another loss than data.objective='mlm'"),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=mlm'],
-     'config.data.mixture.web.objective: every component trains with config.data.objective'),
+     "data.mixture.web.objective='mlm' makes other features than data.objective="
+     "'span_corruption' at the run's lengths (decoder_input_tokens)"),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=bart',
+      '--config.data.mixture.web.mode=[NLU]'],
+     "data.mixture.web.mode='[NLU]': data.objective='bart' has no inputs to start with it"),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=1.5'],
+     'config.data.mixture.web.noise_density=1.5 must be in [0, 1)'),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=0.5'],
+     'data.mixture.web: data.targets_length=8 is too short for span corruption of 32 inputs '
+     '(density 0.5, mean span 3.0): it needs 32'),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.source=/no/such.txt'],
      'data.mixture.web: /no/such.txt: no such file'),
 ])

@@ -1,0 +1,86 @@
+"""UL2's mixture of denoisers (Tay et al. 2022), and its S-denoiser: T5's prefix LM for an
+encoder-decoder, objective `seq2seq_lm`.
+
+UL2 trains a T5 v1.1 encoder-decoder on seven denoisers of one corpus, each a component of
+`data.mixture` (t5lite/data/mixture.py) with its own objective, settings and mode token, the
+text its inputs start with:
+
+  component   objective         (noise density, mean span)   mode    UL2     UL2R
+  r_3_15      span_corruption   (0.15, 3)                    [NLU]   20%     12.5%
+  r_8_15      span_corruption   (0.15, 8)                    [NLU]   20%     12.5%
+  x_3_50      span_corruption   (0.5, 3)                     [NLG]   10%     6.25%
+  x_8_50      span_corruption   (0.5, 8)                     [NLG]   10%     6.25%
+  x_64_15     span_corruption   (0.15, 64)                   [NLG]   10%     6.25%
+  x_64_50     span_corruption   (0.5, 64)                    [NLG]   10%     6.25%
+  s           seq2seq_lm        a prefix of 1 to n-1 tokens   [S2S]   20%     50%
+
+UL2's rates: R 40% and X 40%, each spread evenly over its denoisers, S 20% (the paper's
+section 4.5); UL2R (U-PaLM, Tay et al. 2022b): S 50%, R 25%, X 25%. Each denoiser's raw chunk
+is the one whose noised inputs, after its mode tokens, fill `data.inputs_length` exactly
+(random_spans_helper; the S-denoiser's: inputs_length - the mode's tokens, so that its longest
+prefix, n - 1 tokens, and EOS fill them), and the targets take as many as the longest denoiser needs (UL2: 512 and 512). Every
+denoiser reads the whole corpus in its own order (seqio's ul2_objective with shard_ds=False).
+T5's span arithmetic holds as it is: at 512 inputs (0.15, 64) makes one span of 89 tokens, and
+(0.5, 3) 126 spans, more than T5's 100 sentinels, so that, as in T5, the sentinel ids count on
+down into the vocabulary's last pieces.
+"""
+
+import ml_collections
+
+from t5lite.objectives import base
+from t5lite.objectives import span_corruption
+
+MODES = {'R': '[NLU]', 'X': '[NLG]', 'S': '[S2S]'}
+# name: (kind, noise density, mean noise span length); the S-denoiser has neither
+DENOISERS = {
+    'r_3_15': ('R', 0.15, 3.0), 'r_8_15': ('R', 0.15, 8.0),
+    'x_3_50': ('X', 0.5, 3.0), 'x_8_50': ('X', 0.5, 8.0),
+    'x_64_15': ('X', 0.15, 64.0), 'x_64_50': ('X', 0.5, 64.0),
+    's': ('S', None, None),
+}
+RATES = {'ul2': {'R': 0.4, 'X': 0.4, 'S': 0.2}, 'ul2r': {'R': 0.25, 'X': 0.25, 'S': 0.5}}
+
+
+def mixture(rates: str = 'ul2') -> ml_collections.ConfigDict:
+  """The seven denoisers as `data.mixture` components of data's source, at RATES[rates]."""
+  if rates not in RATES:
+    raise ValueError(f'UL2 rates {rates!r} are not one of {", ".join(RATES)}')
+  per_kind = {kind: sum(k == kind for k, *_ in DENOISERS.values()) for kind in MODES}
+  components = ml_collections.ConfigDict()
+  for name, (kind, density, span) in DENOISERS.items():
+    component = dict(weight=RATES[rates][kind] / per_kind[kind], mode=MODES[kind])
+    if kind == 'S':
+      component.update(objective=S_DENOISER.name)
+    else:
+      component.update(objective=span_corruption.OBJECTIVE.name, noise_density=density,
+                       mean_noise_span_length=span)
+    components[name] = component
+  return components
+
+
+class SeqToSeqLM(base.EncoderDecoderObjective):
+  """T5's prefix LM for an encoder-decoder: the encoder reads a random prefix of the chunk, the
+  decoder writes the rest (t5lite/data/noise.py: `prefix_to_targets`).
+    raw A B C D E, prefix 2  ->  inputs A B EOS, targets C D E EOS
+  """
+  name = 'seq2seq_lm'
+
+  def raw_length(self, data: ml_collections.ConfigDict) -> int:
+    """The inputs the mode tokens leave: the longest prefix (all the chunk but one token) and
+    EOS fill them; the targets hold up to the same, the rest of the chunk and EOS."""
+    mode = len(span_corruption.mode_tokens(data))
+    base.at_least(data, 'inputs_length', mode + 2)  # a chunk of two tokens
+    raw_length = data.inputs_length - mode
+    if data.targets_length < raw_length:
+      raise ValueError(f'data.targets_length={data.targets_length} is too short for '
+                       f'{self.name} of {data.inputs_length} inputs: its targets take up to '
+                       f'{raw_length}')
+    return raw_length
+
+  def transform(self, examples, data, vocab):
+    from t5lite.data import noise
+    return noise.prepend_inputs(noise.prefix_to_targets(examples),
+                                span_corruption.mode_tokens(data))
+
+
+S_DENOISER = SeqToSeqLM()

@@ -1,0 +1,162 @@
+"""UL2's mixture of denoisers on many examples: each denoiser's noise density and mean span
+length against the paper's table and T5's span arithmetic, the S-denoiser's split, the mode
+tokens' frequencies against UL2's and UL2R's rates, every row's lengths; the S-denoiser's
+examples; mode tokens typed as text; and the presets' refusals."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from t5lite import config as config_lib
+from t5lite.data import batches
+from t5lite.data import mixture
+from t5lite.data import vocabulary
+from t5lite.objectives import span_corruption
+from t5lite.objectives import ul2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VOCAB = vocabulary.load_vocabulary('bundled')
+# The paper's table (Tay et al. 2022, section 3.1.2): (noise density r, mean span mu)
+PAPER = {'r_3_15': (0.15, 3), 'r_8_15': (0.15, 8), 'x_3_50': (0.5, 3), 'x_8_50': (0.5, 8),
+         'x_64_15': (0.15, 64), 'x_64_50': (0.5, 64)}
+
+
+def ul2_rows(rates: str = 'ul2', batch_size: int = 32, num_batches: int = 32):
+  """(component name, encoder tokens, decoder targets) of every row of the first batches of
+  configs/ul2_base.py's data (512 inputs, 512 targets) on the bundled corpus."""
+  config = config_lib.load(os.path.join(ROOT, 'configs', f'ul2_base.py:{rates}'))
+  config.data.batch_size = batch_size
+  names = sorted(config.data.mixture)
+  rows = []
+  for batch in batches.make_batches(config.data, 'train', process_index=0, process_count=1):
+    for component, inputs, targets in zip(batch['component'], batch['encoder_input_tokens'],
+                                          batch['decoder_target_tokens']):
+      rows.append((names[component], inputs[inputs > 0], targets[targets > 0]))
+    if len(rows) == batch_size * num_batches:
+      return config, rows
+  raise AssertionError('unreachable: the pipeline is endless')
+
+
+@pytest.fixture(scope='module')
+def rows():
+  return ul2_rows()
+
+
+def sentinels(tokens) -> int:
+  """The sentinels in `tokens`: <extra_id_0>, <extra_id_1>, ... in order. Past T5's 100 they go
+  on down into the vocabulary's last pieces, as T5's do ((0.5, 3) at 512 inputs has 126 spans)."""
+  count = 0
+  for token in tokens:
+    count += token == VOCAB.vocab_size - 1 - count
+  return count
+
+
+def test_every_row_starts_with_its_denoisers_mode_tokens_at_the_rates(rows):
+  config, rows = rows
+  modes = {kind: VOCAB.encode_ids([text])[0] for kind, text in ul2.MODES.items()}
+  assert modes['R'] == [39, 2, 1294, 1057, 1288, 2]  # ▁ <unk> N L U <unk>: no [ or ] in it
+  assert len({tuple(ids) for ids in modes.values()}) == 3  # yet the three differ
+  for name, inputs, _ in rows:
+    kind = ul2.DENOISERS[name][0]
+    assert inputs[:6].tolist() == modes[kind], name
+  counts = collections.Counter(ul2.DENOISERS[name][0] for name, *_ in rows)
+  # 1024 rows: the schedule keeps every count within a row or two of its rate (not ±sqrt(n))
+  assert abs(counts['R'] - 0.4 * 1024) <= 2 and abs(counts['X'] - 0.4 * 1024) <= 2
+  assert abs(counts['S'] - 0.2 * 1024) <= 2
+  assert len(rows) == 1024 and config.data.inputs_length == config.data.targets_length == 512
+
+
+def test_ul2r_rates_are_half_s_a_quarter_r_and_x():
+  components = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py:ul2r')).data.mixture
+  rows = mixture.rows_per_cycle({name: c.weight for name, c in components.items()})
+  by_kind = collections.Counter()
+  for name, count in rows.items():
+    by_kind[ul2.DENOISERS[name][0]] += count
+    assert components[name].mode == ul2.MODES[ul2.DENOISERS[name][0]]
+  assert dict(by_kind) == {'R': 256, 'X': 256, 'S': 512} and rows['x_64_50'] == 64
+
+
+@pytest.mark.parametrize('name', sorted(PAPER))
+def test_each_denoiser_has_the_papers_noise_density_and_span_arithmetic(rows, name):
+  """Per example, noise tokens = round(raw x r) and spans = round(noise / mu), as T5's
+  random_spans_helper counts them; over all, the density is r and the mean span mu, except
+  where T5's arithmetic gives fewer spans: (0.15, 64) at 512 inputs is one span of 89 tokens."""
+  config, rows = rows
+  density, span = PAPER[name]
+  raw_length, targets_length = span_corruption.random_spans_helper(506, density, span)
+  noise, spans = [], []
+  for row_name, inputs, targets in rows:
+    if row_name != name:
+      continue
+    inputs = inputs[6:]  # after the mode tokens
+    assert inputs[-1] == 1 and targets[-1] == 1  # EOS ends both
+    count = sentinels(inputs)
+    assert count == sentinels(targets) and targets[0] == VOCAB.sentinel_id(0)
+    kept, noised = len(inputs) - 1 - count, len(targets) - 1 - count
+    assert kept + noised == raw_length  # the whole raw chunk, split between the two
+    assert len(targets) == targets_length and len(inputs) + 6 <= config.data.inputs_length
+    noise.append(noised)
+    spans.append(count)
+  assert len(noise) >= 100
+  assert set(noise) == {round(raw_length * density)}
+  assert set(spans) == {max(1, round(round(raw_length * density) / span))}
+  assert abs(np.mean(noise) / raw_length - density) < 0.002
+  mean_span = np.sum(noise) / np.sum(spans)
+  if name == 'x_64_15':
+    assert mean_span == 89
+  else:
+    assert abs(mean_span - span) / span < 0.05, mean_span
+
+
+def test_the_s_denoiser_splits_at_a_uniform_prefix(rows):
+  """Inputs: [S2S], a prefix of p tokens, EOS; targets: the other 506 - p and EOS; p uniform in
+  [1, 505] (T5's random_prefix_noise_mask)."""
+  _, rows = rows
+  prefixes = []
+  for name, inputs, targets in rows:
+    if name == 's':
+      assert inputs[-1] == 1 and targets[-1] == 1
+      prefix = len(inputs) - 6 - 1
+      assert prefix + len(targets) - 1 == 506
+      prefixes.append(prefix)
+  prefixes = np.array(prefixes)
+  assert abs(len(prefixes) - 0.2 * 1024) <= 2 and prefixes.min() >= 1 and prefixes.max() <= 505
+  # uniform on 1..505: mean 253, sd 145.8; about 205 draws: standard error 10.2
+  assert abs(prefixes.mean() - 253) < 4 * 10.2
+  quartiles = np.histogram(prefixes, bins=[1, 127, 253, 379, 506])[0] / len(prefixes)
+  assert np.all(np.abs(quartiles - 0.25) < 0.1), quartiles  # 4 standard errors of 0.03
+
+
+def test_the_s_denoisers_inputs_and_targets_are_its_chunk_in_order():
+  config = config_lib.load(os.path.join(ROOT, 'configs', 't5_tiny.py'))
+  config.data.update(objective='seq2seq_lm', inputs_length=24, targets_length=24, batch_size=8)
+  causal = config_lib.load(os.path.join(ROOT, 'configs', 't5_tiny.py')).data
+  causal.update(objective='causal_lm', inputs_length=0, targets_length=24, batch_size=8)
+  split = next(batches.make_batches(config.data, 'train', process_index=0, process_count=1))
+  whole = next(batches.make_batches(causal, 'train', process_index=0, process_count=1))
+  for row in range(8):  # the same chunk of 24 tokens (the same raw length and keys) either way
+    inputs = split['encoder_input_tokens'][row]
+    targets = split['decoder_target_tokens'][row]
+    prefix, rest = inputs[:np.argmax(inputs == 1)], targets[:np.argmax(targets == 1)]
+    assert np.concatenate([prefix, rest]).tolist() == whole['decoder_target_tokens'][row].tolist()
+    assert len(prefix) >= 1 and len(rest) >= 1
+
+
+def test_mode_tokens_typed_as_text_are_the_ids_pretraining_put_there():
+  """`t5lite infer` encodes its input text whole: '[NLU] text' is the mode's ids, then the text's."""
+  for mode in ul2.MODES.values():
+    text = 'The whale <extra_id_0> the sea.'
+    assert VOCAB.encode_ids([f'{mode} {text}'])[0] == (VOCAB.encode_ids([mode])[0]
+                                                       + VOCAB.encode_ids([text])[0])
+
+
+def test_targets_too_short_for_a_denoiser_are_refused_naming_it():
+  config = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py'))
+  config.data.targets_length = 100
+  with pytest.raises(ValueError, match=r"^data.mixture.s: data.targets_length=100 is too short "
+                                       r"for seq2seq_lm of 128 inputs: its targets take up to 122"):
+    next(batches.make_batches(config.data, 'train', process_index=0, process_count=1))
+  with pytest.raises(ValueError, match="UL2 rates 'ul3' are not one of ul2, ul2r"):
+    ul2.mixture('ul3')
