@@ -27,7 +27,6 @@ TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data ru
 """
 
 import atexit
-import functools
 import os
 import weakref
 import zlib
@@ -43,6 +42,7 @@ from t5lite.data import store
 from t5lite.data import vocabulary
 
 READ_EXAMPLES = 512  # examples whose tokens one call reads
+ROW_BLOCK = 1024  # rows located at a time
 _ENDLESS = 1 << 62
 
 
@@ -99,17 +99,14 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
     segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
   rows = [_component_rows(name, view, objective, split, vocab, share, first_batch, segment)
           for name, view, objective in components]
-  per_process = share.stop - share.start
   if segment:  # each row from its component's rows, in the schedule's order
-    component = _rows(share, first_batch, data.batch_size).map(
-        lambda row: _locate(segment, row)[0])
-    batches = tf.data.Dataset.zip(
-        tf.data.Dataset.choose_from_datasets(rows, component), component).map(
-            lambda row, component: {**row, 'component': component}).batch(
-                per_process, drop_remainder=True)
+    rows = tf.data.Dataset.choose_from_datasets(rows, _row_blocks(
+        share, first_batch, data.batch_size, segment).map(lambda _, c: c).unbatch())
   else:
-    batches = rows[0].batch(per_process, drop_remainder=True)
-  return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
+    rows = rows[0]
+  per_process = share.stop - share.start
+  return Pipeline(_model_features(rows.batch(per_process, drop_remainder=True),
+                                  objectives.get(data.objective), data, per_process),
                   first_batch, segment.position() if segment else {})
 
 
@@ -134,9 +131,14 @@ def _component_rows(name: str, data, objective: objectives.Objective, split: str
   component = segment.schedule.names.index(name) if segment else 0
   examples = _indexed_examples(_Stream(tokens, raw_length, seed), raw_length, data, share,
                                first_batch, objective.pairs, segment, component)
-  return objective.transform(examples, data, vocab).map(  # an example per row (only BART's
-      functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)),  # inputs fall
-      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # short of theirs)
+  lengths = objective.row_lengths(data)
+
+  def row(example):  # one per row (only BART's inputs fall short of theirs); a mixture's keep
+    padded = packing.pad_rows(example, lengths)  # their component beside the features
+    return {**padded, 'component': tf.constant(component, tf.int64)} if segment else padded
+
+  return objective.transform(examples, data, vocab).map(
+      row, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 class _Stream:
@@ -151,11 +153,19 @@ class _Stream:
     self.other_key = tf.constant([seed[0], seed[1] + 1], tf.int64)
 
 
-def _rows(share: slice, first_batch: int, batch_size: int) -> tf.data.Dataset:
-  """The global rows this process feeds, from batch `first_batch` on."""
+def _row_blocks(share: slice, first_batch: int, batch_size: int,
+                segment: mixture.Segment | None = None) -> tf.data.Dataset:
+  """The global rows this process feeds, from batch `first_batch` on, ROW_BLOCK at a time (ops
+  on vectors: a mixture's every component looks up every row), and with a `segment`, each one's
+  component: int64[ROW_BLOCK], or (rows, components)."""
   per_process = share.stop - share.start
-  return tf.data.Dataset.range(first_batch * per_process, _ENDLESS).map(
-      lambda n: n // per_process * batch_size + share.start + n % per_process)
+
+  def block(first):
+    n = first + tf.range(ROW_BLOCK, dtype=tf.int64)
+    rows = n // per_process * batch_size + share.start + n % per_process
+    return (rows, _locate(segment, rows)[0]) if segment else rows
+
+  return tf.data.Dataset.range(first_batch * per_process, _ENDLESS, ROW_BLOCK).map(block)
 
 
 def _locate(segment: mixture.Segment | None, row):
@@ -203,10 +213,11 @@ def _indexed_examples(stream: _Stream, raw_length: int, data, share: slice, firs
   def read_windows(begins):  # int64[n] -> int32[n, raw_length]
     return stream.tokens.windows(begins, raw_length)
 
-  rows = _rows(share, first_batch, data.batch_size)
+  rows = _row_blocks(share, first_batch, data.batch_size, segment)
   if segment:
-    rows = rows.filter(lambda row: tf.equal(_locate(segment, row)[0], component))
-  return (rows.map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    rows = rows.map(lambda rows, components: tf.boolean_mask(rows, components == component))
+  return (rows.unbatch()
+          .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
           .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .unbatch())

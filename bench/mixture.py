@@ -1,0 +1,113 @@
+"""What mixing costs the input pipeline: examples per CPU-second of a 3-component mixture and of
+UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
+
+  .venv/bin/python bench/mixture.py [--examples=2048] [--repeats=3] [--settings=128,512]
+
+All three read the bundled corpus (tokenized at start-up, which is reported, not timed), at
+inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
+- single: span corruption of `data.source`, as t5_tiny trains;
+- mixture: three components of that corpus, weights 5:3:2, each in its own order (keyed by its
+  name), with span corruption: the mixing alone (the schedule's lookup, one stream per
+  component, each row taken from its component's stream);
+- ul2: configs/ul2_tiny.py's seven denoisers, each its own objective, settings and mode tokens.
+Each run is a child process held to one core with one tf.data thread (the steadiest measure on a
+shared machine). Runs alternate between pipelines, each repeat in the other order; each line has
+every pipeline's medians over --repeats runs and the median ratio to `single` of the runs made
+side by side. Rates are counted after the first batch.
+"""
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from data_pipeline import machine  # pylint: disable=wrong-import-position  # bench/, beside this
+
+PIPELINES = ('single', 'mixture', 'ul2')
+SETTINGS = {'128': 128, '512': 512}  # inputs_length = targets_length
+
+
+def pipeline_data(name: str, length: int):
+  """The data config of pipeline `name` at `length` inputs and targets."""
+  import ml_collections  # pylint: disable=import-outside-toplevel  # the child's
+  from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
+  data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
+  if name != 'ul2':
+    data.mixture = ml_collections.ConfigDict()
+  if name == 'mixture':
+    for component, weight in (('books', 5.0), ('code', 3.0), ('web', 2.0)):
+      data.mixture[component] = dict(weight=weight)
+  data.update(inputs_length=length, targets_length=length, batch_size=32, threads=1)
+  return data
+
+
+def measure(name: str, length: int, examples: int) -> dict:
+  from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
+  tic = time.perf_counter()
+  batches = batches_lib.make_batches(pipeline_data(name, length), 'train', process_index=0,
+                                     process_count=1)
+  next(batches)
+  startup = time.perf_counter() - tic
+  tic, cpu = time.perf_counter(), time.process_time()
+  rows = 0
+  while rows < examples:
+    rows += len(next(batches)['encoder_input_tokens'])
+  seconds, cpu_seconds = time.perf_counter() - tic, time.process_time() - cpu
+  return {'examples_per_s': rows / seconds, 'examples_per_cpu_s': rows / cpu_seconds,
+          'startup_s': startup}
+
+
+def run(name: str, settings: list[str], examples: int) -> dict:
+  """A child process held to this one's first core (sched_setaffinity, as taskset)."""
+  core = sorted(os.sched_getaffinity(0))[:1]
+  done = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), f'--child={name}',
+       f'--settings={",".join(settings)}', f'--examples={examples}'],
+      stdout=subprocess.PIPE, text=True, check=True,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
+      preexec_fn=lambda: os.sched_setaffinity(0, core))
+  return json.loads(done.stdout.splitlines()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--examples', type=int, default=2048, help='timed, per setting and run')
+  parser.add_argument('--repeats', type=int, default=3, help='runs of each pipeline')
+  parser.add_argument('--settings', default=','.join(SETTINGS), help='of ' + ','.join(SETTINGS))
+  parser.add_argument('--child', choices=PIPELINES, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  settings = args.settings.split(',')
+  if args.child:
+    print(json.dumps({'load_avg_1m': os.getloadavg()[0], **{
+        setting: measure(args.child, SETTINGS[setting], args.examples) for setting in settings}}))
+    return
+  runs = collections.defaultdict(list)
+  for repeat in range(args.repeats):  # interleaved, each time in the other order
+    for name in PIPELINES if repeat % 2 == 0 else PIPELINES[::-1]:
+      runs[name].append(run(name, settings, args.examples))
+  date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+  loads = [r['load_avg_1m'] for name in PIPELINES for r in runs[name]]
+  for setting in settings:
+    row = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
+           'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
+           'examples': args.examples, 'repeats': args.repeats}
+    for name in PIPELINES:
+      row[name] = {key: round(statistics.median(r[setting][key] for r in runs[name]), 3)
+                   for key in ('examples_per_cpu_s', 'examples_per_s', 'startup_s')}
+    row['ratio_to_single'] = {
+        name: round(statistics.median(
+            r[setting]['examples_per_cpu_s'] / s[setting]['examples_per_cpu_s']
+            for r, s in zip(runs[name], runs['single'])), 3) for name in PIPELINES[1:]}
+    row.update(cpu=machine(), load_avg_1m=[min(loads), max(loads)], date=date)
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == '__main__':
+  main()

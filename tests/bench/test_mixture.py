@@ -1,0 +1,42 @@
+"""bench/mixture.py end to end at a few examples: its three pipelines are what it says (one
+source; three components at 5:3:2; UL2's seven denoisers) and every line has its ratios."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / 'bench'))
+
+
+def test_the_pipelines_are_one_source_three_components_and_ul2():
+  import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
+  from t5lite.data import batches  # pylint: disable=import-outside-toplevel
+  counts = {}
+  for name in mixture.PIPELINES:
+    data = mixture.pipeline_data(name, 128)
+    assert data.inputs_length == data.targets_length == 128 and data.threads == 1
+    batch = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
+    counts[name] = np.bincount(batch['component'].ravel()) if 'component' in batch else None
+  assert counts['single'] is None
+  assert counts['mixture'].tolist() == [16, 10, 6]  # books 5, code 3, web 2 of 32 rows
+  assert len(counts['ul2']) == 7
+
+
+@pytest.mark.slow  # six child processes, each importing TensorFlow
+def test_the_bench_prints_a_line_per_setting_with_its_ratios():
+  done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'mixture.py'), '--examples=64',
+                         '--repeats=1', '--settings=128'], cwd=ROOT, capture_output=True,
+                        text=True, timeout=900, check=True)
+  [line] = done.stdout.splitlines()
+  row = json.loads(line)
+  assert row['bench'] == 'mixture' and row['inputs_length'] == 128 and row['repeats'] == 1
+  for name in ('single', 'mixture', 'ul2'):
+    assert row[name]['examples_per_cpu_s'] > 0 and row[name]['startup_s'] > 0
+  for name in ('mixture', 'ul2'):
+    expected = row[name]['examples_per_cpu_s'] / row['single']['examples_per_cpu_s']
+    assert row['ratio_to_single'][name] == pytest.approx(expected, abs=2e-3)
