@@ -13,7 +13,7 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str, data: str 
   or on the held-out batches of `inputs` (a fine-tuning task's, with exact match).
 
   A distilled student is evaluated on its own (its teacher need not exist any more); an ELECTRA
-  run reports its generator's and discriminator's metrics."""
+  run reports its generator's and discriminator's metrics; a mixture's, each component's too."""
   run = run_lib.make_run(config)
   step, params = run.restore_params(workdir)
   split = 'validation'
@@ -25,5 +25,5 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str, data: str 
     batches, count = inputs.held_out() if inputs else (
         batches_lib.make_batches(config.data, split), config.train.eval_batches)
     metrics = loop.evaluate(run.jit_eval_step(loss), loss, params, batches,
-                            num_batches or count, run.batch_sharding)
+                            num_batches or count, run.batch_sharding, run.components)
   return {'step': step, **metrics}

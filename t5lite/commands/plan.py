@@ -30,6 +30,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from t5lite import config as config_lib
 from t5lite import objectives
+from t5lite.data import batches as batches_lib
 from t5lite.models import family
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
@@ -155,8 +156,11 @@ def plan_mesh(mesh_cfg, topology: Topology, devices):
 
 
 def abstract_batch(data_cfg, sharding) -> dict:
-  """ShapeDtypeStructs of one global batch: the features `data.objective` declares."""
+  """ShapeDtypeStructs of one global batch: the features `data.objective` declares, and a
+  mixture's `component` of each row."""
   features = objectives.get(data_cfg.objective).features(data_cfg)
+  if batches_lib.component_names(data_cfg):
+    features = {**features, 'component': None}
   return {name: jax.ShapeDtypeStruct((data_cfg.batch_size,) + ((length,) if length else ()),
                                      jnp.int32, sharding=sharding)
           for name, length in features.items()}

@@ -35,6 +35,15 @@ SYNTHETIC = 'synthetic'
 _FEATURE_PREFIXES = ('encoder_', 'decoder_', 'next_sentence_', 'component')
 
 
+def component_names(data: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """What a batch's `component` indexes: the mixture's component names, sorted
+  ({'web', 'books'} -> ('books', 'web')); () where batches have no `component` (no mixture, or a
+  fine-tuning task's batches, read from the task alone)."""
+  if not data.get('mixture') or data.get('task'):
+    return ()
+  return tuple(sorted(data.mixture))
+
+
 def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
                  process_index: int | None = None, process_count: int | None = None,
                  start: int | dict | list = 0):

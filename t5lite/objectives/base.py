@@ -17,6 +17,14 @@ called: a run fed synthetic batches (`data.source='synthetic'`) never loads Tens
 
 Losses are sums over tokens, divided once by denominators of the whole batch, so that gradient
 accumulation adds up to exactly the big batch for every term (see `t5lite/train/step.py`).
+
+A mixture's batch also holds each row's component (`component`, an index into the components
+sorted by name), which the step turns into `component_groups` one-hot [b, G]
+(`with_component_groups`). The token losses then come summed per component too, and the metrics
+hold them as arrays [G] under `components` (`component_metrics`), which the train loop names
+`loss/NAME`, `accuracy/NAME` and `target_tokens/NAME`. An objective whose loss has more terms
+than the token cross entropy gives its token term's (mlm_nsp and electra: the masked LM's;
+distillation: the student's hard-label cross entropy).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -32,6 +40,8 @@ from t5lite.objectives import losses
 
 SIDE_FEATURES = ('input_tokens', 'segment_ids', 'positions')
 TARGET_FEATURES = ('target_tokens', 'loss_weights')
+COMPONENT = 'component'  # a mixture's batch: each row's component, int32 [b]
+COMPONENT_GROUPS = 'component_groups'  # the same one-hot, float32 [b, G], made by the step
 
 
 class Loss(NamedTuple):
@@ -162,8 +172,9 @@ def token_loss(targets: tuple[str, str], model_cfg: ModelConfig, train_cfg, *,
 
 def token_sums(model, batch, targets: tuple[str, str], train_cfg, *, dropout_key=None,
                sequences: bool = False) -> dict:
-  """Summed loss, z-loss, weight and correct predictions of one (micro)batch; dropout iff a key;
-  with `sequences`, also the counts of target sequences and exact ones.
+  """Summed loss, z-loss, weight and correct predictions of one (micro)batch, and per component
+  for a mixture's; dropout iff a key; with `sequences`, also the counts of target sequences and
+  exact ones.
 
   With `train.loss_chunks` the logits are projected and reduced chunk by chunk
   (`losses.chunked_token_losses`), except for counting exact sequences, which reads every
@@ -171,7 +182,8 @@ def token_sums(model, batch, targets: tuple[str, str], train_cfg, *, dropout_key
   """
   rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
   target_tokens, weights = batch[targets[0]], batch[targets[1]]
-  options = dict(z_loss=train_cfg.z_loss, label_smoothing=train_cfg.label_smoothing)
+  options = dict(z_loss=train_cfg.z_loss, label_smoothing=train_cfg.label_smoothing,
+                 groups=component_groups(batch))
   if train_cfg.loss_chunks and not sequences:
     x = model.hidden_states(batch, deterministic=rngs is None, rngs=rngs)  # (batch, length, d)
     return losses.chunked_token_losses(x, model.lm_logits, target_tokens, weights,
@@ -193,6 +205,7 @@ def token_metrics(sums) -> dict:
       'z_loss': sums['z_loss'] / weight,
       'accuracy': sums['correct'] / weight,
       'target_tokens': sums['weight'],
+      **component_metrics(sums),
   }
   if 'sequences' in sums:
     metrics.update(exact_match=sums['exact'] / jnp.maximum(sums['sequences'], 1e-8),
@@ -212,7 +225,34 @@ def sum_of_means(factors: dict[str, float]) -> Callable:
 def mlm_metrics(mlm: dict) -> dict:
   """The masked-LM term's per-token metrics, beside an objective's own."""
   return {'mlm_loss': per_token(mlm, 'loss'), 'mlm_accuracy': per_token(mlm, 'correct'),
-          'z_loss': per_token(mlm, 'z_loss'), 'target_tokens': mlm['weight']}
+          'z_loss': per_token(mlm, 'z_loss'), 'target_tokens': mlm['weight'],
+          **component_metrics(mlm)}
+
+
+def with_component_groups(batch: dict, num_components: int) -> dict:
+  """A mixture's batch with its rows' components one-hot as well, float32 [b, G] under
+  COMPONENT_GROUPS: what the token losses sum per component. A batch without a mixture
+  (num_components 0) as it is. component [1 0], 2 components -> component_groups [[0 1] [1 0]]."""
+  if not num_components:
+    return batch
+  return {**batch, COMPONENT_GROUPS: jax.nn.one_hot(batch[COMPONENT], num_components,
+                                                    dtype=jnp.float32)}
+
+
+def component_groups(batch: dict) -> jax.Array | None:
+  """The rows' components one-hot [b, G] (`with_component_groups`), or None without a mixture."""
+  return batch.get(COMPONENT_GROUPS)
+
+
+def component_metrics(sums: dict) -> dict:
+  """A mixture's per-component metrics from token sums with groups (`losses.token_losses`):
+  {'components': {'loss', 'accuracy', 'target_tokens'}}, each float32 [G]; {} without."""
+  if 'group_weight' not in sums:
+    return {}
+  weight = nonzero(sums['group_weight'])
+  return {'components': {'loss': sums['group_loss'] / weight,
+                         'accuracy': sums['group_correct'] / weight,
+                         'target_tokens': sums['group_weight']}}
 
 
 def term_weights(sums: dict) -> dict:

@@ -4,7 +4,9 @@ whose loss is the token cross entropy (`train.teacher_workdir` turns it on).
 The data and features are the wrapped objective's. Per target token: alpha times the
 hard-label cross entropy, plus (1 - alpha) times T^2 KL(teacher || student) between their
 softmaxes at temperature T, plus optionally `distill_hidden_weight` times 1 - cos between the
-final hidden states (DistilBERT). The teacher sees the same batch, and no gradient.
+final hidden states (DistilBERT). The teacher sees the same batch, and no gradient. A mixture's
+per-component `loss/NAME` and `accuracy/NAME` are the hard-label term's (compare them with
+`hard_loss`).
 """
 
 from typing import Any, NamedTuple
@@ -55,7 +57,8 @@ def loss(objective: base.Objective, model_cfg: ModelConfig, train_cfg,
         _forward(teacher_model, batch, last_stack if hidden_weight else None, None))
     targets, weights = batch[targets_name], batch[weights_name]
     out = {'hard': losses.token_losses(logits, targets, weights, z_loss=train_cfg.z_loss,
-                                       label_smoothing=train_cfg.label_smoothing),
+                                       label_smoothing=train_cfg.label_smoothing,
+                                       groups=base.component_groups(batch)),
            'soft': losses.distillation_losses(logits, teacher_logits, weights, temperature)}
     if hidden_weight:
       out['hidden'] = losses.cosine_losses(hidden, teacher_hidden, weights)
@@ -75,7 +78,7 @@ def loss(objective: base.Objective, model_cfg: ModelConfig, train_cfg,
            'z_loss': base.per_token(hard, 'z_loss'),
            'soft_loss': base.per_token(soft, 'loss'),  # T^2 KL(teacher || student)
            'agreement': base.per_token(soft, 'agreement'),  # argmax(student) == argmax(teacher)
-           'target_tokens': hard['weight']}
+           'target_tokens': hard['weight'], **base.component_metrics(hard)}
     if hidden_weight:
       out['hidden_loss'] = base.per_token(sums['hidden'], 'loss')
     return out

@@ -3,6 +3,8 @@
 The data are `mlm`'s. The generator's MLM loss on the masked positions, plus
 REPLACED_TOKEN_WEIGHT times the discriminator's binary cross entropy on every real token of the
 batch with the masked positions filled by the generator's samples (no gradient through them).
+A mixture's per-component `loss/NAME` and `accuracy/NAME` are the generator's MLM ones (compare
+them with `mlm_loss`).
 """
 
 import jax
@@ -33,7 +35,8 @@ class Electra(mlm.MaskedLM):
       logits = model.generator_logits(batch, deterministic=rngs is None, rngs=rngs)  # (b, l, v)
       masked_lm = losses.token_losses(logits, batch['encoder_target_tokens'],
                                       batch['encoder_loss_weights'], z_loss=train_cfg.z_loss,
-                                      label_smoothing=train_cfg.label_smoothing)
+                                      label_smoothing=train_cfg.label_smoothing,
+                                      groups=base.component_groups(batch))
       original = original_tokens(batch)
       corrupted, replaced = replace_tokens(original, batch['encoder_loss_weights'] > 0,
                                            sample_tokens(sample_key, logits))

@@ -3,7 +3,8 @@ encoder with `model.next_sentence`.
 
 Each row is one pair [CLS] A [SEP] B [SEP], B the text after A or from elsewhere, half and half
 (`noise.mlm_nsp`), masked as `mlm` over A and B; never packed. The loss is the MLM cross entropy
-per masked token plus the next-sentence cross entropy per pair, each a mean, added.
+per masked token plus the next-sentence cross entropy per pair, each a mean, added. A mixture's
+per-component `loss/NAME` and `accuracy/NAME` are the masked LM's (compare them with `mlm_loss`).
 """
 
 import jax.numpy as jnp
@@ -60,7 +61,8 @@ class MaskedLMNextSentence(base.Objective):
       return {
           'mlm': losses.token_losses(model.lm_logits(x), batch['encoder_target_tokens'],
                                      batch['encoder_loss_weights'], z_loss=train_cfg.z_loss,
-                                     label_smoothing=train_cfg.label_smoothing),
+                                     label_smoothing=train_cfg.label_smoothing,
+                                     groups=base.component_groups(batch)),
           # one "token" per row: (b, 2) -> (b, 1, 2)
           'next_sentence': losses.token_losses(model.next_sentence_logits(x)[:, None],
                                                labels[:, None], jnp.ones_like(labels)[:, None]),

@@ -50,21 +50,41 @@ def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 
 def global_batch(local_batch: dict, sharding: NamedSharding) -> dict:
-  """Per-process numpy arrays -> global jax.Arrays laid out over the mesh's batch axes; a
-  mixture's `component` of each row is not the model's (per-component metrics are to come)."""
+  """Per-process numpy arrays -> global jax.Arrays laid out over the mesh's batch axes (a
+  mixture's `component` of each row too: the losses sum per component by it)."""
   return {name: jax.make_array_from_process_local_data(sharding, value)
-          for name, value in local_batch.items() if name != 'component'}
+          for name, value in local_batch.items()}
 
 
-def evaluate(eval_step, loss, params, batches, num_batches: int, sharding) -> dict:
-  """Held-out loss and accuracy over `num_batches` (validation pipelines repeat), summed first."""
+def evaluate(eval_step, loss, params, batches, num_batches: int, sharding,
+             components: tuple[str, ...] = ()) -> dict:
+  """Held-out loss and accuracy over `num_batches` (validation pipelines repeat), summed first;
+  a mixture's per component too, named by `components` (`Run.components`)."""
   if num_batches < 1:
     raise ValueError(f'evaluation needs at least one batch, got {num_batches}')
   totals = None
   for _ in range(num_batches):
     sums = eval_step(params, global_batch(next(batches), sharding), loss.frozen_params)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return {f'eval_{k}': float(v) for k, v in loss.metrics(jax.device_get(totals)).items()}
+  metrics = named_metrics(loss.metrics(jax.device_get(totals)), components)
+  return {f'eval_{k}': float(v) for k, v in metrics.items()}
+
+
+def named_metrics(metrics: dict, components: tuple[str, ...]) -> dict:
+  """Metrics as scalars by name: a mixture's arrays per component ({'components': {'loss': [G],
+  ..}}, `base.component_metrics`) become loss/NAME, .. for NAME in `components`. A component
+  without target tokens keeps only its target_tokens/NAME (0): it has no loss or accuracy.
+  {'loss': 2.5, 'components': {'loss': [2, 3], 'target_tokens': [5, 5]}}, ('books', 'web') ->
+  {'loss': 2.5, 'loss/books': 2, 'loss/web': 3, 'target_tokens/books': 5, 'target_tokens/web': 5}
+  """
+  named = {name: value for name, value in metrics.items() if name != 'components'}
+  per_component = metrics.get('components', {})
+  for index, component in enumerate(components):
+    has_tokens = per_component['target_tokens'][index] > 0
+    for name, values in per_component.items():
+      if has_tokens or name == 'target_tokens':
+        named[f'{name}/{component}'] = values[index]
+  return named
 
 
 class Inputs(NamedTuple):
@@ -127,7 +147,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
     eval_step = run.jit_eval_step(loss)
 
     def evaluator(step: int, state) -> dict:  # new held-out batches each time: the same ones
-      metrics = evaluate(eval_step, loss, state.params, *inputs.held_out(), run.batch_sharding)
+      metrics = evaluate(eval_step, loss, state.params, *inputs.held_out(), run.batch_sharding,
+                         run.components)
       if keep_best:
         keep_best(step, state, metrics)
       return metrics
@@ -246,6 +267,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
   `evaluator(step, state)` the eval_ metrics; `history` is metrics.jsonl as read at the start.
   """
   train_cfg = config.train
+  components = batches_lib.component_names(config.data)
   start = int(state.step)
   writer = metrics_lib.MetricWriter(workdir, start, history)
   preempted = preemption.Preempted(start)
@@ -263,7 +285,7 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
       if step % train_cfg.log_every == 0 or done or stop:
         check_finite(nonfinite, step, checkpointer)
         seconds = (time.perf_counter() - tic) / len(pending)
-        last = mean_metrics(pending)
+        last = mean_metrics(pending, components)
         last.update(tokens_per_s=speed.tokens_per_step / seconds, step_seconds=seconds,
                     mfu=speed.peak_fraction_per_second / seconds, **device_memory())
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
@@ -351,6 +373,9 @@ def check_finite(nonfinite, step: int, checkpointer) -> None:
         f'(latest checkpoint: {latest}). Lower optim.learning_rate or check the data')
 
 
-def mean_metrics(metrics: list[dict]) -> dict:
-  host = jax.device_get(metrics)
-  return {name: float(np.mean([m[name] for m in host])) for name in host[0]}
+def mean_metrics(metrics: list[dict], components: tuple[str, ...] = ()) -> dict:
+  """The steps' metrics, named (`named_metrics`), each the mean over the steps that have it: a
+  component's loss over the steps where it had target tokens."""
+  host = [named_metrics(m, components) for m in jax.device_get(metrics)]
+  names = dict.fromkeys(name for m in host for name in m)  # in order, each once
+  return {name: float(np.mean([m[name] for m in host if name in m])) for name in names}

@@ -106,7 +106,9 @@ def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: f
               f'lr {scalars["learning_rate"]:.1e}', f'{scalars["tokens_per_s"] / 1e3:.1f}k tok/s',
               f'MFU {100 * scalars["mfu"]:.1f}%',
               f'ETA {format_duration((total_steps - step) * seconds_per_step)}']
-  parts += [f'{name} {value:.4f}' for name, value in scalars.items() if name.startswith('eval_')]
+  # a mixture's eval_loss/NAME, .. stay in metrics.jsonl and TensorBoard: one line stays short
+  parts += [f'{name} {value:.4f}' for name, value in scalars.items()
+            if name.startswith('eval_') and '/' not in name]
   return ' | '.join(parts)
 
 

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5lite import config as config_lib
 from t5lite import objectives
+from t5lite.data import batches as batches_lib
 from t5lite.data import vocabulary
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import distillation
@@ -50,6 +51,12 @@ class Run:
     """Batches: their leading (example) dimension split over the `batch` rule's mesh axes."""
     return mesh_lib.batch_sharding(self.mesh, self.rules)
 
+  @property
+  def components(self) -> tuple[str, ...]:
+    """A mixture's component names, sorted (each batch row's `component` indexes them): the
+    metrics per component are named by them; () without a mixture."""
+    return batches_lib.component_names(self.config.data)
+
   def loss(self, teacher: distillation.Teacher | None = None, *,
            exact_match: bool = False) -> objectives.Loss:
     return objectives.make_loss(self.config, self.model_cfg, teacher, exact_match=exact_match)
@@ -60,14 +67,15 @@ class Run:
     spec = self.spec
     return jax.jit(
         step_lib.make_train_step(spec.graphdef, spec.non_params, loss, self.config.train,
-                                 self.optimizer, self.schedule),
+                                 self.optimizer, self.schedule, len(self.components)),
         in_shardings=(spec.shardings, self.batch_sharding, _frozen_shardings(loss)),
         out_shardings=(spec.shardings, NamedSharding(self.mesh, PartitionSpec())),
         donate_argnums=0)
 
   def jit_eval_step(self, loss: objectives.Loss):
     spec = self.spec
-    return jax.jit(step_lib.make_eval_step(spec.graphdef, spec.non_params, loss),
+    return jax.jit(step_lib.make_eval_step(spec.graphdef, spec.non_params, loss,
+                                           len(self.components)),
                    in_shardings=(spec.shardings.params, self.batch_sharding,
                                  _frozen_shardings(loss)))
 

@@ -6,6 +6,8 @@ batch of seqio-named features to summed losses, and says what each sum is divide
 accumulation splits the batch into microbatches inside the step, adds their sums and divides
 once by the denominators of the whole batch, so that it equals one big batch. `frozen_params`
 are what the loss reads and never trains (a distillation teacher's parameters); None for most.
+A mixture's steps take its number of components, and give its losses the rows' components
+one-hot (`base.with_component_groups`), for metrics per component.
 """
 
 from typing import Callable
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from t5lite.objectives import base
 from t5lite.train.state import TrainState
 
 
@@ -28,9 +31,10 @@ def split_microbatches(batch, num_microbatches: int):
 
 
 def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule) -> Callable:
+                    schedule: optax.Schedule, num_components: int = 0) -> Callable:
   """Returns train_step(state, batch, frozen_params) -> (state, metrics) minimising `loss` (an
-  objective's `Loss`); `non_params` is the model's state other than parameters."""
+  objective's `Loss`); `non_params` is the model's state other than parameters;
+  `num_components` a mixture's (0 without one)."""
   num_microbatches = train_cfg.microbatches
 
   def grads_and_sums(params, batch, frozen_params, key, denominators):
@@ -42,6 +46,7 @@ def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.Grad
     return grads, sums
 
   def train_step(state: TrainState, batch, frozen_params):
+    batch = base.with_component_groups(batch, num_components)
     denominators = loss.denominators(batch)
     key = jax.random.fold_in(state.rng, state.step)
     if num_microbatches == 1:
@@ -73,10 +78,11 @@ def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.Grad
 EVAL_KEY = 0
 
 
-def make_eval_step(graphdef, non_params, loss) -> Callable:
+def make_eval_step(graphdef, non_params, loss, num_components: int = 0) -> Callable:
   """Returns eval_step(params, batch, frozen_params) -> sums; the caller adds sums over batches,
   then turns them into metrics with `loss.metrics`."""
   def eval_step(params, batch, frozen_params):
+    batch = base.with_component_groups(batch, num_components)
     model = nnx.merge(graphdef, params, non_params)
     return loss.sums(model, batch, frozen_params, jax.random.PRNGKey(EVAL_KEY), train=False)
   return eval_step

@@ -1,6 +1,6 @@
 """Distillation: T^2 KL and the cosine loss against numpy, Hinton's high-temperature limit,
-accumulation with a teacher, a student moving toward a tiny trained teacher, and teachers it
-cannot learn from refused in one line."""
+accumulation with a teacher, a mixture's metrics per component, a student moving toward a tiny
+trained teacher, and teachers it cannot learn from refused in one line."""
 
 import os
 
@@ -10,8 +10,12 @@ import numpy as np
 import optax
 import pytest
 
+from flax import nnx
+
 from t5lite import config as config_lib
-from t5lite.objectives import distillation, losses
+from t5lite import objectives
+from t5lite.models import build
+from t5lite.objectives import base, distillation, losses
 from t5lite.commands import plan
 from t5lite.train import state as state_lib
 
@@ -78,6 +82,27 @@ def test_two_microbatches_with_a_teacher_equal_one_big_batch():
     return np.array(out)
 
   np.testing.assert_allclose(distilled_losses(2), distilled_losses(1), rtol=1e-5)
+
+
+def test_a_mixtures_loss_per_component_is_the_students_hard_label_loss():
+  config = small_config()
+  config.model.update(num_encoder_layers=1, num_decoder_layers=1)
+  model_cfg = config_lib.model_config(config)
+  student = build(model_cfg, nnx.Rngs(0))
+  graphdef, params, non_params = nnx.split(build(model_cfg, nnx.Rngs(1)), nnx.Param, ...)
+  loss = distillation.loss(objectives.get('span_corruption'), model_cfg, config.train,
+                           distillation.Teacher(model_cfg, graphdef, non_params, params))
+  batch = synthetic_batch(0)
+  batch = base.with_component_groups({**batch, 'component': np.arange(8) % 3 // 2}, 2)
+  metrics = loss.metrics(jax.jit(lambda batch, frozen: loss.sums(
+      student, batch, frozen, jax.random.PRNGKey(0), train=False))(batch, params))
+  per_component = metrics['components']
+  np.testing.assert_allclose(np.sum(per_component['target_tokens']), metrics['target_tokens'])
+  for name, total in (('loss', 'hard_loss'), ('accuracy', 'accuracy')):
+    weighted = np.sum(per_component[name] * per_component['target_tokens'])
+    np.testing.assert_allclose(weighted / metrics['target_tokens'], metrics[total], rtol=1e-5)
+  assert per_component['loss'][0] != per_component['loss'][1]
+  assert metrics['hard_loss'] != metrics['loss']  # the soft term counts in `loss` alone
 
 
 @pytest.fixture(scope='module')

@@ -1,5 +1,6 @@
 """ELECTRA: replaced-token labels, the discriminator's loss against numpy, the generator's
-samples against its softmax, the model's shared embeddings, and a 20-step run of the preset."""
+samples against its softmax, the model's shared embeddings, a mixture's metrics per component
+(the generator's), and a 20-step run of the preset."""
 
 import json
 import os
@@ -12,7 +13,7 @@ from flax import nnx
 from t5lite import cli
 from t5lite import config as config_lib
 from t5lite.models import ModelConfig, build
-from t5lite.objectives import electra, losses
+from t5lite.objectives import base, electra, losses
 
 from test_loop import ROOT
 
@@ -86,17 +87,22 @@ def test_generator_is_narrower_and_shares_the_embeddings():
   assert params['generator_head']['output_bias'].shape == (128,)
 
 
-def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
-  model = build(TINY, nnx.Rngs(0))
-  config = config_lib.base_config()
-  loss = electra.OBJECTIVE.loss(TINY, config.train)
+def masked_batch():
+  """4 rows of 12 tokens, a third of them masked, padding in the last."""
   rng = np.random.RandomState(0)
   original = rng.randint(3, 128, (4, 12)).astype(np.int32)
   original[-1, 8:] = 0  # padding
   masked = (rng.rand(4, 12) < 0.3) & (original > 0)
-  batch = {'encoder_input_tokens': np.where(masked, 127, original),
-           'encoder_target_tokens': np.where(masked, original, 0),
-           'encoder_loss_weights': masked.astype(np.int32)}
+  return original, masked, {'encoder_input_tokens': np.where(masked, 127, original),
+                            'encoder_target_tokens': np.where(masked, original, 0),
+                            'encoder_loss_weights': masked.astype(np.int32)}
+
+
+def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
+  model = build(TINY, nnx.Rngs(0))
+  config = config_lib.base_config()
+  loss = electra.OBJECTIVE.loss(TINY, config.train)
+  original, masked, batch = masked_batch()
   sums = jax.jit(lambda batch: loss.sums(model, batch, None, jax.random.PRNGKey(1),
                                          train=True))(batch)
   assert float(sums['mlm']['weight']) == masked.sum()
@@ -107,6 +113,21 @@ def test_the_loss_is_mlm_plus_fifty_times_the_discriminators():
                              metrics['mlm_loss'] + 50 * metrics['discriminator_loss'], rtol=1e-6)
   np.testing.assert_allclose(loss.minimised(sums, loss.denominators(batch)),
                              metrics['loss'], rtol=1e-6)
+
+
+def test_a_mixtures_loss_per_component_is_the_generators_mlm_loss():
+  model = build(TINY, nnx.Rngs(0))
+  loss = electra.OBJECTIVE.loss(TINY, config_lib.base_config().train)
+  _, _, batch = masked_batch()
+  batch = base.with_component_groups({**batch, 'component': np.array([0, 1, 1, 0])}, 2)
+  metrics = loss.metrics(jax.jit(lambda batch: loss.sums(model, batch, None,
+                                                         jax.random.PRNGKey(1), train=True))(batch))
+  per_component = metrics['components']
+  np.testing.assert_allclose(np.sum(per_component['target_tokens']), metrics['target_tokens'])
+  for name, total in (('loss', 'mlm_loss'), ('accuracy', 'mlm_accuracy')):
+    weighted = np.sum(per_component[name] * per_component['target_tokens'])
+    np.testing.assert_allclose(weighted / metrics['target_tokens'], metrics[total], rtol=1e-5)
+  assert per_component['loss'][0] != per_component['loss'][1]
 
 
 def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""`t5lite train` end to end on the bundled corpus: exact resume, NaN stop, SIGTERM, bad input."""
+"""`t5lite train` end to end on the bundled corpus: exact resume, NaN stop, SIGTERM, bad input,
+a mixture's metrics per component."""
 
 import json
 import os
@@ -159,3 +160,51 @@ def test_logged_rows_hold_the_allocators_peak_where_the_backend_keeps_one(monkey
   assert loop.device_memory() == {}  # the CPU devices of this suite
   monkeypatch.setattr(jax, 'local_devices', lambda: [Device({'peak_bytes_in_use': 3 * 2**29})])
   assert loop.device_memory() == {'peak_memory_gib': 1.5}
+
+
+def test_a_components_metrics_are_named_and_averaged_over_the_steps_where_it_had_tokens():
+  def step(loss, losses, accuracies, tokens):
+    return {'loss': loss, 'components': {'loss': np.array(losses), 'accuracy': np.array(accuracies),
+                                         'target_tokens': np.array(tokens)}}
+
+  steps = [step(2.0, [1.0, 3.0], [0.5, 0.25], [4.0, 4.0]),
+           step(4.0, [4.0, 0.0], [0.25, 0.0], [8.0, 0.0])]  # no row of web in the second
+  assert loop.mean_metrics(steps, ('books', 'web')) == {
+      'loss': 3.0, 'loss/books': 2.5, 'accuracy/books': 0.375, 'target_tokens/books': 6.0,
+      'loss/web': 3.0, 'accuracy/web': 0.25, 'target_tokens/web': 2.0}
+  assert loop.named_metrics(steps[1], ('books', 'web')) == {
+      'loss': 4.0, 'loss/books': 4.0, 'accuracy/books': 0.25, 'target_tokens/books': 8.0,
+      'target_tokens/web': 0.0}
+
+
+@pytest.mark.slow  # 27 s on 2 busy cores: pipelines of two components, three compiles
+def test_a_mixture_run_logs_loss_and_accuracy_per_component(tmp_path):
+  """The bundled corpus and a file repeating one phrase, mixed 1:1, in 2 microbatches: every
+  train and eval row holds loss/NAME, accuracy/NAME and target_tokens/NAME of both, and their
+  average weighted by target tokens is the row's loss."""
+  echo = tmp_path / 'echo.txt'  # numbered, so that documents fall in both splits
+  echo.write_text('\n\n'.join(f'{n} ' + 'the whale and the ship. ' * 8 for n in range(200)))
+  workdir = tmp_path / 'run'
+  assert train(workdir, '--config.train.steps=2', '--config.train.microbatches=2',
+               '--config.data.batch_size=16',
+               '--config.train.eval_every=2', '--config.train.eval_batches=2',
+               '--config.data.mixture.corpus.source=bundled',
+               '--config.data.mixture.corpus.weight=1', f'--config.data.mixture.echo.source={echo}',
+               '--config.data.mixture.echo.weight=1',
+               '--config.data.mixture.echo.validation_fraction=0.2') == 0
+  rows = metrics(workdir)
+  assert sorted(rows) == [1, 2] and 'eval_loss' in rows[2]
+  for row, prefix in [(rows[1], ''), (rows[2], ''), (rows[2], 'eval_')]:
+    tokens = {name: row[f'{prefix}target_tokens/{name}'] for name in ('corpus', 'echo')}
+    assert all(count > 0 for count in tokens.values()), row
+    assert sum(tokens.values()) == row[f'{prefix}target_tokens']
+    per_component = {name: row[f'{prefix}loss/{name}'] for name in tokens}
+    assert all(np.isfinite(loss) and loss > 0 for loss in per_component.values()), row
+    assert per_component['corpus'] != per_component['echo']
+    weighted = sum(tokens[name] * per_component[name] for name in tokens) / sum(tokens.values())
+    np.testing.assert_allclose(weighted, row[f'{prefix}loss'], rtol=1e-4)
+    for name in tokens:
+      assert 0 <= row[f'{prefix}accuracy/{name}'] <= 1
+    weighted = sum(tokens[name] * row[f'{prefix}accuracy/{name}'] for name in tokens)
+    np.testing.assert_allclose(weighted / sum(tokens.values()), row[f'{prefix}accuracy'],
+                               rtol=1e-4)

@@ -193,3 +193,49 @@ def test_loss_chunks_are_refused_where_the_objective_needs_all_logits(objective,
   with pytest.raises(ValueError, match=error) as error:
     objectives.for_run(config, config_lib.model_config(config))
   assert '\n' not in str(error.value)
+
+
+def test_a_mixtures_step_reports_each_components_loss_and_accuracy():
+  """Per-component metrics of the step (its batch over 2 devices, in 2 microbatches) against the
+  loss of each component's rows alone, from the model's own logits."""
+  components = ('books', 'web')
+  config = small_config(data=2, microbatches=2)
+  config.model.update(num_encoder_layers=1, num_decoder_layers=1)
+  config.train.update(label_smoothing=0.1, z_loss=1e-2)
+  for name in components:
+    config.data.mixture[name] = dict(source='bundled', weight=1.0)
+  run = small_run(config)
+  batch = synthetic_batch(0)
+  batch['component'] = np.array([1, 0, 0, 1, 1, 1, 0, 1], np.int32)
+  with run.sharding():
+    state = run.spec.init()
+    # the logits the step sees, before its update
+    logits = jax.jit(lambda params: run.model(params)(batch, deterministic=True))(state.params)
+    want = [objectives.losses.token_losses(
+        logits[batch['component'] == c], batch['decoder_target_tokens'][batch['component'] == c],
+        batch['decoder_loss_weights'][batch['component'] == c], z_loss=1e-2, label_smoothing=0.1)
+            for c in range(len(components))]
+    step = run.jit_train_step(run.loss())
+    _, metrics = step(state, {k: jax.device_put(v, run.batch_sharding) for k, v in batch.items()},
+                      None)
+  got = metrics['components']
+  assert {name: value.shape for name, value in got.items()} == dict.fromkeys(
+      ('loss', 'accuracy', 'target_tokens'), (len(components),))
+  for c, sums in enumerate(want):
+    np.testing.assert_allclose(got['loss'][c], sums['loss'] / sums['weight'], rtol=1e-5)
+    np.testing.assert_allclose(got['accuracy'][c], sums['correct'] / sums['weight'], rtol=1e-5)
+    assert got['target_tokens'][c] == sums['weight']
+  # the components make up the batch: their average weighted by target tokens is the loss
+  np.testing.assert_allclose(np.sum(got['loss'] * got['target_tokens']) / metrics['target_tokens'],
+                             metrics['loss'], rtol=1e-6)
+
+
+def test_a_step_without_a_mixture_has_no_component_metrics():
+  run = small_run(small_config())
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in synthetic_batch(0).items()}
+  with run.sharding():
+    _, metrics = jax.eval_shape(step_lib.make_train_step(
+        run.spec.graphdef, run.spec.non_params, run.loss(), run.config.train, run.optimizer,
+        run.schedule), run.spec.abstract, batch, None)
+  assert sorted(metrics) == ['accuracy', 'grad_norm', 'learning_rate', 'loss', 'target_tokens',
+                             'z_loss']
