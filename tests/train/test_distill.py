@@ -19,7 +19,7 @@ from t5lite.objectives import base, distillation, losses
 from t5lite.commands import plan
 from t5lite.train import state as state_lib
 
-from test_loop import SMALL, metrics, train
+from test_loop import SMALL, assert_components_make_up, metrics, train
 from test_step import small_config, small_run, synthetic_batch
 
 
@@ -96,12 +96,8 @@ def test_a_mixtures_loss_per_component_is_the_students_hard_label_loss():
   batch = base.with_component_groups({**batch, 'component': np.arange(8) % 3 // 2}, 2)
   metrics = loss.metrics(jax.jit(lambda batch, frozen: loss.sums(
       student, batch, frozen, jax.random.PRNGKey(0), train=False))(batch, params))
-  per_component = metrics['components']
-  np.testing.assert_allclose(np.sum(per_component['target_tokens']), metrics['target_tokens'])
-  for name, total in (('loss', 'hard_loss'), ('accuracy', 'accuracy')):
-    weighted = np.sum(per_component[name] * per_component['target_tokens'])
-    np.testing.assert_allclose(weighted / metrics['target_tokens'], metrics[total], rtol=1e-5)
-  assert per_component['loss'][0] != per_component['loss'][1]
+  assert_components_make_up(metrics['components'], metrics['target_tokens'],
+                            {'loss': metrics['hard_loss'], 'accuracy': metrics['accuracy']})
   assert metrics['hard_loss'] != metrics['loss']  # the soft term counts in `loss` alone
 
 
