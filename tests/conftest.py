@@ -1,9 +1,18 @@
-"""Test-wide setup: 8 fake CPU devices for real meshes, quiet TensorFlow, no accelerators for TF."""
+"""Test-wide setup: 8 fake CPU devices for real meshes, quiet TensorFlow, no accelerators for TF,
+and one JAX compilation cache for the session, its processes included: many tests train the same
+tiny presets in their own `t5lite` processes, and each of them would compile the same steps."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='t5lite-tests-jax-cache-')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)

@@ -13,13 +13,14 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str, data: str 
   or on the held-out batches of `inputs` (a fine-tuning task's, with exact match).
 
   A distilled student is evaluated on its own (its teacher need not exist any more); an ELECTRA
-  run reports its generator's and discriminator's metrics; a mixture's, each component's too."""
-  run = run_lib.make_run(config)
-  step, params = run.restore_params(workdir)
+  run reports its generator's and discriminator's metrics; a mixture's, each component's too. A
+  given file is one source, read with data.objective and data's settings, a mixture's or not."""
   split = 'validation'
   if data:
     config = ml_collections.ConfigDict(config.to_dict())
-    config.data.source, split = data, 'all'
+    config.data.source, config.data.mixture, split = data, ml_collections.ConfigDict(), 'all'
+  run = run_lib.make_run(config)
+  step, params = run.restore_params(workdir)
   with run.sharding():
     loss = run.loss(exact_match=bool(inputs and inputs.exact_match))
     batches, count = inputs.held_out() if inputs else (

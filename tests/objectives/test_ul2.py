@@ -4,6 +4,7 @@ tokens' frequencies against UL2's and UL2R's rates, every row's lengths; the S-d
 examples; mode tokens typed as text; and the presets' refusals."""
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -160,3 +161,51 @@ def test_targets_too_short_for_a_denoiser_are_refused_naming_it():
     next(batches.make_batches(config.data, 'train', process_index=0, process_count=1))
   with pytest.raises(ValueError, match="UL2 rates 'ul3' are not one of ul2, ul2r"):
     ul2.mixture('ul3')
+
+
+@pytest.mark.slow  # a minute on 2 cores: trains, evaluates, exports, decodes
+@pytest.mark.filterwarnings('ignore:Using the model-agnostic default `max_length`')
+def test_a_ul2_run_logs_each_denoiser_evaluates_a_file_and_exports_as_t5(tmp_path, capsys):
+  """configs/ul2_tiny.py, shrunk: every train and eval row holds each denoiser's loss; `eval
+  --data` reads a file as one source; the export is a T5ForConditionalGeneration whose greedy
+  decoding of '[S2S] ...' is `t5lite infer`'s."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from t5lite import cli  # pylint: disable=import-outside-toplevel
+  workdir, out = tmp_path / 'ul2', tmp_path / 'hf'
+  shrunk = ['--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
+            '--config.model.d_kv=32', '--config.model.num_encoder_layers=1',
+            '--config.model.num_decoder_layers=1', '--config.data.batch_size=8']
+  assert cli.main(['train', f'--workdir={workdir}',
+                   f'--config={os.path.join(ROOT, "configs", "ul2_tiny.py")}', *shrunk,
+                   '--config.train.steps=4', '--config.train.log_every=2',
+                   '--config.train.eval_every=4', '--config.train.eval_batches=2',
+                   '--config.checkpoint.async_save=false']) == 0
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  train_row = next(r for r in rows if r['step'] == 4 and 'loss' in r)
+  eval_row = next(r for r in rows if 'eval_loss' in r)
+  for name in ul2.DENOISERS:  # 8 rows a step: each denoiser has rows within the 4 steps
+    assert 0 < train_row[f'loss/{name}'] < 20 and 0 <= train_row[f'accuracy/{name}'] <= 1
+    assert 0 < eval_row[f'eval_loss/{name}'] < 20
+  capsys.readouterr()
+
+  text = tmp_path / 'held_out.txt'
+  text.write_text(' '.join(['The whale swam far out to sea and did not come back.'] * 40))
+  assert cli.main(['eval', f'--workdir={workdir}', f'--data={text}']) == 0
+  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert metrics['step'] == 4 and 0 < metrics['eval_loss'] < 20
+  assert not any('/' in key for key in metrics)  # one source: no components
+
+  assert cli.main(['export', f'--workdir={workdir}', f'--out={out}']) == 0
+  prompt = '[S2S] The whale swam'
+  assert cli.main(['infer', f'--workdir={workdir}', f'--input={prompt}',
+                   '--max_decode_length=6']) == 0
+  ours = capsys.readouterr().out.strip().splitlines()[-1]
+  hf = transformers.T5ForConditionalGeneration.from_pretrained(str(out)).eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+  ids = tokenizer(prompt, return_tensors='pt').input_ids
+  assert ids[0].tolist() == VOCAB.encode_ids([prompt])[0] + [1]  # the mode's ids, then EOS
+  with torch.no_grad():
+    theirs = hf.generate(ids, max_new_tokens=6, do_sample=False)[0, 1:].tolist()
+  assert hf.config.model_type == 't5' and len(theirs) >= 1
+  assert tokenizer.decode(theirs, skip_special_tokens=True) == ours
