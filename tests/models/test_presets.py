@@ -20,6 +20,7 @@ PUBLISHED = {
     't5_small': 60.5e6, 't5_base': 223e6, 't5_large': 738e6, 't5_3b': 2.85e9, 't5_11b': 11.3e9,
     't5_1_1_small': 77e6, 't5_1_1_base': 248e6, 't5_1_1_large': 783e6, 't5_1_1_xl': 2.85e9,
     't5_1_1_xxl': 11.1e9,
+    'ul2_base': 248e6,  # T5 v1.1 base's shape, as UL2's models are T5 v1.1's
 }
 
 # The family's presets: (published size, exact count). The exact counts are Hugging Face's
@@ -77,7 +78,7 @@ def t5_formula(cfg: ModelConfig) -> int:
 def test_every_preset_is_covered():
   names = {path.stem for path in CONFIGS.glob('*.py')}
   assert set(PUBLISHED) <= names
-  assert names - set(PUBLISHED) - set(FAMILY) <= {'t5_tiny', 't5_tiny_distill'}, (
+  assert names - set(PUBLISHED) - set(FAMILY) <= {'t5_tiny', 't5_tiny_distill', 'ul2_tiny'}, (
       'add the new preset to PUBLISHED')
 
 
