@@ -16,3 +16,10 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='t5lite-tests-jax-cache-')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items):
+  """Files with slow tests first: `make test`'s two processes take a file at a time, so the
+  longest start early and the two finish together."""
+  slow_files = {item.path for item in items if item.get_closest_marker('slow')}
+  items.sort(key=lambda item: item.path not in slow_files)  # stable: each file keeps its order

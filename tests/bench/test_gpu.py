@@ -1,6 +1,8 @@
-"""bench/gpu.py as a GPU machine runs it, here on the CPU backend at tiny shapes: every job in its
-own process, its checks computed and passed on real numbers, so that no path of the one command
-a lent GPU runs is first run there."""
+"""bench/gpu.py as a GPU machine runs it, here on the CPU backend at tiny shapes: every kind of
+job in its own process, its checks computed and passed on real numbers, so that no path of the
+one command a lent GPU runs is first run there. Of the speed sweep, the baseline and a change
+under XLA flags run; every change's config is built and validated in process (the rest of a
+speed job is the baseline's path)."""
 
 import json
 import os
@@ -15,13 +17,18 @@ ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
 
+JOBS = ('correctness', 'attention', 'profile', 'hf', 'speed:t5_tiny:baseline',
+        'speed:t5_tiny:xla=maxtext', 'resume', 'plan')
+
+
 @pytest.fixture(scope='module')
 def rows(tmp_path_factory):
   """{job: [rows]} of one run of every job, and the --out folder."""
   out = tmp_path_factory.mktemp('gpu_out')
   one_device = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')  # as a GPU
   done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu.py'), f'--out={out}',
-                         '--steps=2', '--warmup=1', '--budget_s=1500'], cwd=ROOT,
+                         f'--jobs={",".join(JOBS)}', '--steps=2', '--warmup=1',
+                         '--budget_s=1500'], cwd=ROOT,
                         env=one_device, capture_output=True, text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-3000:]
   by_job = {}
@@ -58,18 +65,16 @@ def test_correctness_checks_pass_on_cpu(rows):
 
 
 @pytest.mark.slow
-def test_every_speed_variant_and_the_side_by_side_measure(rows):
+def test_the_speed_jobs_and_the_side_by_side_measure(rows):
   by_job, _ = rows
   import gpu  # pylint: disable=import-outside-toplevel
   speed = {name: found[0] for name, found in by_job.items() if name.startswith('speed:')}
-  # every change of the first preset's sweep but cuDNN's, at a 32nd of its batch
-  batch, changes = gpu.SWEEP['t5_1_1_base']
-  assert len(speed) == len(changes) - 1
+  batch, _ = gpu.SWEEP['t5_1_1_base']
+  assert sorted(speed) == ['speed:t5_tiny:baseline', 'speed:t5_tiny:xla=maxtext']
   for row in speed.values():
     assert 'error' not in row, row
     assert row['step_s'] > 0 and row['tokens_per_s'] > 0 and 0 < row['mfu'] < 1
-  assert speed['speed:t5_tiny:baseline']['batch_size'] == batch // 32
-  assert speed['speed:t5_tiny:data.batch_size=8']['batch_size'] == 8
+    assert row['batch_size'] == batch // 32  # the first preset's, at a 32nd of its batch
   side = by_job['hf'][0]
   for framework in ('t5lite', 'hf_torch', 'hf_torch_compile'):
     assert side[f'{framework}_step_s'] > 0 and 0 < side[f'{framework}_mfu'] < 1
@@ -108,6 +113,33 @@ def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   plan = by_job['plan'][0]
   assert plan['topology'] == 'cpu:1' and plan['compiled'] and plan['planned_gib'] > 0
   assert plan['run_peak_memory_gib'] is None  # XLA:CPU keeps no allocator statistics
+
+
+def test_every_speed_change_makes_a_valid_config():
+  """Each change of the sweep, on the CPU's (t5_tiny) and as a GPU runs it (its preset), is a
+  config that validates, with the change in it."""
+  import gpu  # pylint: disable=import-outside-toplevel
+  from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
+  cpu_sweep = gpu.sweep()
+  [(cpu_model, (_, cpu_changes))] = cpu_sweep.items()
+  assert len(cpu_changes) == len(gpu.SWEEP['t5_1_1_base'][1]) - 1  # all but cuDNN's
+  variants = [(cpu_model, change, gpu.variant_config(cpu_model, change)) for change in cpu_changes]
+  for name, (batch, changes) in gpu.SWEEP.items():
+    for change in changes:
+      overrides = {**gpu.BASELINE, **{k: v for k, v in change.items() if k != 'xla'}}
+      variants.append((name, change, gpu.preset(name, dtype='bfloat16', batch_size=batch,
+                                                inputs_length=512, targets_length=114,
+                                                **overrides)))
+  assert len(variants) == 8 + 9 + 4
+  for name, change, config in variants:
+    config_lib.validate(config)
+    config_lib.model_config(config)
+    for key, value in change.items():
+      if key == 'xla':
+        assert value in gpu.XLA_FLAGS
+      else:
+        section, field = key.split('.')
+        assert config[section][field] == value, (name, change)
 
 
 def test_a_job_that_fails_costs_one_row_not_the_run(tmp_path):
