@@ -1,7 +1,7 @@
 """What mixing costs the input pipeline: examples per CPU-second of a 3-component mixture and of
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
-  .venv/bin/python bench/mixture.py [--examples=2048] [--repeats=3] [--settings=128,512]
+  .venv/bin/python bench/mixture.py [--examples=8192] [--repeats=3] [--settings=128,512]
 
 All three read the bundled corpus (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
@@ -10,10 +10,10 @@ inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
   name), with span corruption: the mixing alone (the schedule's lookup, one stream per
   component, each row taken from its component's stream);
 - ul2: configs/ul2_tiny.py's seven denoisers, each its own objective, settings and mode tokens.
-Each run is a child process held to one core with one tf.data thread (the steadiest measure on a
-shared machine). Runs alternate between pipelines, each repeat in the other order; each line has
-every pipeline's medians over --repeats runs and the median ratio to `single` of the runs made
-side by side. Rates are counted after the first batch.
+Each run is a child process of one pipeline at one setting, held to one core with one tf.data
+thread (the steadiest measure on a shared machine). Runs alternate between pipelines, each repeat
+in the other order; each line has every pipeline's medians over --repeats runs and the median
+ratio to `single` of the runs made side by side. Rates are counted after WARMUP_BATCHES batches.
 """
 
 import argparse
@@ -32,6 +32,7 @@ from data_pipeline import machine  # pylint: disable=wrong-import-position  # be
 
 PIPELINES = ('single', 'mixture', 'ul2')
 SETTINGS = {'128': 128, '512': 512}  # inputs_length = targets_length
+WARMUP_BATCHES = 32
 
 
 def pipeline_data(name: str, length: int):
@@ -49,12 +50,15 @@ def pipeline_data(name: str, length: int):
 
 
 def measure(name: str, length: int, examples: int) -> dict:
+  """Rates after WARMUP_BATCHES (tf.data's buffers filled, its autotuning settled)."""
   from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
   tic = time.perf_counter()
   batches = batches_lib.make_batches(pipeline_data(name, length), 'train', process_index=0,
                                      process_count=1)
   next(batches)
   startup = time.perf_counter() - tic
+  for _ in range(WARMUP_BATCHES):
+    next(batches)
   tic, cpu = time.perf_counter(), time.process_time()
   rows = 0
   while rows < examples:
@@ -64,12 +68,12 @@ def measure(name: str, length: int, examples: int) -> dict:
           'startup_s': startup}
 
 
-def run(name: str, settings: list[str], examples: int) -> dict:
+def run(name: str, setting: str, examples: int) -> dict:
   """A child process held to this one's first core (sched_setaffinity, as taskset)."""
   core = sorted(os.sched_getaffinity(0))[:1]
   done = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), f'--child={name}',
-       f'--settings={",".join(settings)}', f'--examples={examples}'],
+      [sys.executable, os.path.abspath(__file__), f'--child={name}', f'--settings={setting}',
+       f'--examples={examples}'],
       stdout=subprocess.PIPE, text=True, check=True,
       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
       preexec_fn=lambda: os.sched_setaffinity(0, core))
@@ -78,7 +82,7 @@ def run(name: str, settings: list[str], examples: int) -> dict:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--examples', type=int, default=2048, help='timed, per setting and run')
+  parser.add_argument('--examples', type=int, default=8192, help='timed, per setting and run')
   parser.add_argument('--repeats', type=int, default=3, help='runs of each pipeline')
   parser.add_argument('--settings', default=','.join(SETTINGS), help='of ' + ','.join(SETTINGS))
   parser.add_argument('--child', choices=PIPELINES, help=argparse.SUPPRESS)
@@ -91,20 +95,22 @@ def main():
   runs = collections.defaultdict(list)
   for repeat in range(args.repeats):  # interleaved, each time in the other order
     for name in PIPELINES if repeat % 2 == 0 else PIPELINES[::-1]:
-      runs[name].append(run(name, settings, args.examples))
+      for setting in settings:  # each in a process of its own
+        runs[name].append(run(name, setting, args.examples))
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
   loads = [r['load_avg_1m'] for name in PIPELINES for r in runs[name]]
   for setting in settings:
     row = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
            'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
            'examples': args.examples, 'repeats': args.repeats}
+    measured = {name: [r[setting] for r in runs[name] if setting in r] for name in PIPELINES}
     for name in PIPELINES:
-      row[name] = {key: round(statistics.median(r[setting][key] for r in runs[name]), 3)
+      row[name] = {key: round(statistics.median(r[key] for r in measured[name]), 3)
                    for key in ('examples_per_cpu_s', 'examples_per_s', 'startup_s')}
     row['ratio_to_single'] = {
         name: round(statistics.median(
-            r[setting]['examples_per_cpu_s'] / s[setting]['examples_per_cpu_s']
-            for r, s in zip(runs[name], runs['single'])), 3) for name in PIPELINES[1:]}
+            r['examples_per_cpu_s'] / s['examples_per_cpu_s']
+            for r, s in zip(measured[name], measured['single'])), 3) for name in PIPELINES[1:]}
     row.update(cpu=machine(), load_avg_1m=[min(loads), max(loads)], date=date)
     print(json.dumps(row), flush=True)
 
