@@ -17,16 +17,18 @@ examples, whatever the size of the tokens.
 
 `data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
 the transform that noises it, the packed rows' lengths and the feature converter; every batch
-holds exactly the features it declares. A mixture (t5lite/data/mixture.py) makes each
-component's rows as a single source's, with the component's own objective and settings, and
-takes each global row from its component's rows in the schedule's order; the run's objective
-converts them all, so every component must make its features (`objectives.components`).
+holds exactly the features it declares. A mixture (t5lite/data/mixture.py) reads its
+components' streams by the schedule in one chain of tf.data ops per objective and settings (one
+for corpora mixed under one objective, seven for UL2's denoisers), each row from the chain of its
+component, in the schedule's order; the run's objective converts them all, so every component
+must make its features (`objectives.components`).
 
 TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data runs on
 `data.threads` threads per process.
 """
 
 import atexit
+import functools
 import os
 import weakref
 import zlib
@@ -91,54 +93,75 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   position = first_batch if isinstance(first_batch, dict) else {'batch': first_batch}
   first_batch = position['batch']
   vocab = vocabulary.load_vocabulary(data.vocabulary)
-  components = objectives.components(data)
   segment = None
   if data.get('mixture'):
     mixture.check_components(data.mixture)
     weights = {name: component.weight for name, component in data.mixture.items()}
     segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
-  rows = [_component_rows(name, view, objective, split, vocab, share, first_batch, segment)
-          for name, view, objective in components]
-  if segment:  # each row from its component's rows, in the schedule's order
-    rows = tf.data.Dataset.choose_from_datasets(rows, _row_blocks(
-        share, first_batch, data.batch_size, segment).map(lambda _, c: c).unbatch())
-  else:
-    rows = rows[0]
+  groups = _groups(objectives.components(data))
+  chains = [_group_rows(group, split, vocab, share, first_batch, segment, alone=len(groups) == 1)
+            for group in groups]
+  rows = chains[0]
+  if len(chains) > 1:  # each row from its group's rows, in the schedule's order
+    group_of = tf.constant([g for c in range(len(segment.schedule.names))
+                            for g, group in enumerate(groups) if c in dict(group)], tf.int64)
+    rows = tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
+        share, first_batch, data.batch_size, segment).map(
+            lambda _, c: tf.gather(group_of, c)).unbatch())
   per_process = share.stop - share.start
-  return Pipeline(_model_features(rows.batch(per_process, drop_remainder=True),
-                                  objectives.get(data.objective), data, per_process),
+  batches = rows.batch(per_process, drop_remainder=True)
+  if segment:  # each row's component beside the features, a batch at a time
+    batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
+        lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
+            per_process, dtype=tf.int64))[0])).map(
+                lambda batch, component: {**batch, 'component': component})
+  return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
                   first_batch, segment.position() if segment else {})
 
 
-def _component_rows(name: str, data, objective: objectives.Objective, split: str, vocab,
-                    share: slice, first_batch: int,
-                    segment: mixture.Segment | None) -> tf.data.Dataset:
-  """This process's packed rows of one source (a mixture's component `name`, with `data` its
-  settings), from global batch `first_batch` on: its chunks, noised by its objective."""
-  try:
-    raw_length = objective.raw_length(data)
-    tokens = store.split_tokens(data, split)
-  except (ValueError, FileNotFoundError) as error:
-    if not name:
-      raise
-    raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}') from None
-  if tokens.size < raw_length:
-    raise ValueError(f'{f"data.mixture.{name}: " if name else ""}the {split} split has '
-                     f'{tokens.size} tokens, fewer than one example of {raw_length}; add text or '
-                     'change data.validation_fraction')
-  # A component's random choices are keyed by its name; a single source's as before mixtures.
-  seed = [data.seed, 2 * zlib.crc32(name.encode()) if name else 0]
-  component = segment.schedule.names.index(name) if segment else 0
-  examples = _indexed_examples(_Stream(tokens, raw_length, seed), raw_length, data, share,
-                               first_batch, objective.pairs, segment, component)
-  lengths = objective.row_lengths(data)
+# What a component reads, not how its text becomes examples: components that differ only in these
+# share one tf.data chain (a chain per component costs a mixture a quarter of its rate).
+_SOURCE_SETTINGS = ('source', 'text_key', 'validation_fraction', 'mixture')
 
-  def row(example):  # one per row (only BART's inputs fall short of theirs); a mixture's keep
-    padded = packing.pad_rows(example, lengths)  # their component beside the features
-    return {**padded, 'component': tf.constant(component, tf.int64)} if segment else padded
 
-  return objective.transform(examples, data, vocab).map(
-      row, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+def _groups(components: list) -> list[list[tuple[int, tuple]]]:
+  """The components (index, (name, data, objective)) grouped by objective and settings."""
+  groups = {}
+  for index, (name, view, objective) in enumerate(components):
+    key = (objective.name, *sorted((k, repr(v)) for k, v in view.items()
+                                   if k not in _SOURCE_SETTINGS))
+    groups.setdefault(key, []).append((index, (name, view, objective)))
+  return list(groups.values())
+
+
+def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
+                segment: mixture.Segment | None, alone: bool) -> tf.data.Dataset:
+  """This process's packed rows of a group of sources (a mixture's components, or data's one
+  source) that share an objective and its settings, from global batch `first_batch` on: their
+  chunks, noised by that objective. `alone`: the group has every row."""
+  streams = []
+  for _, (name, view, objective) in group:
+    try:
+      raw_length = objective.raw_length(view)
+      tokens = store.split_tokens(view, split)
+    except (ValueError, FileNotFoundError) as error:
+      if not name:
+        raise
+      raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}'
+                       ) from None
+    if tokens.size < raw_length:
+      raise ValueError(f'{f"data.mixture.{name}: " if name else ""}the {split} split has '
+                       f'{tokens.size} tokens, fewer than one example of {raw_length}; add text '
+                       'or change data.validation_fraction')
+    # A component's random choices are keyed by its name; a single source's as before mixtures.
+    streams.append(_Stream(tokens, raw_length,
+                           [view.seed, 2 * zlib.crc32(name.encode()) if name else 0]))
+  _, (_, view, objective) = group[0]
+  examples = _indexed_examples(streams, raw_length, view, share, first_batch, objective.pairs,
+                               segment, None if alone else [index for index, _ in group])
+  return objective.transform(examples, view, vocab).map(  # an example per row (only BART's
+      functools.partial(packing.pad_rows, lengths=objective.row_lengths(view)),  # inputs fall
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # short of theirs)
 
 
 class _Stream:
@@ -182,40 +205,62 @@ def _locate(segment: mixture.Segment | None, row):
   return component, example
 
 
-def _indexed_examples(stream: _Stream, raw_length: int, data, share: slice, first_batch: int,
-                      pairs: bool = False, segment: mixture.Segment | None = None,
-                      component: int = 0) -> tf.data.Dataset:
-  """This process's raw chunks of one stream from global batch `first_batch` on: {'targets',
-  'seed'}, and with `pairs` 'other': raw_length tokens from a random place of the split. With a
-  mixture's `segment`, those of the rows the schedule gives to `component`."""
-  chunks = tf.constant(stream.chunks, tf.int64)
+def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slice,
+                      first_batch: int, pairs: bool = False,
+                      segment: mixture.Segment | None = None,
+                      members: list[int] | None = None) -> tf.data.Dataset:
+  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and with
+  `pairs` 'other': raw_length tokens from a random place of the split. One stream, or the streams
+  of a mixture's components `members` (all of them if None) by `segment`'s schedule."""
+  def stacked(attribute):
+    return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
+
+  chunks, slack, sizes = stacked('chunks'), stacked('slack'), stacked('size')
+  example_keys, epoch_keys, other_keys = (
+      stacked(key) for key in ('example_key', 'epoch_key', 'other_key'))
+  names = segment.schedule.names if segment else ['']
+  member_list = range(len(names)) if members is None else members
+  stream_of = tf.constant([member_list.index(c) if c in member_list else -1
+                           for c in range(len(names))], tf.int64)
 
   def place(row):
-    i = _locate(segment, row)[1]  # the example's place in the stream
+    # s is the row's stream (its component's), i the example's place in it.
+    c, i = _locate(segment, row)
+    s = tf.gather(stream_of, c)
+    count = chunks[s]
     shuffle_key, offset_key = tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(stream.epoch_key, i // chunks), 2))
-    chunk = tf.random.experimental.index_shuffle(i % chunks, shuffle_key, chunks - 1)
-    offset = tf.random.stateless_uniform([], offset_key, 0, stream.slack + 1, dtype=tf.int64)
-    example = {'targets': offset + chunk * raw_length,
-               'seed': tf.random.experimental.stateless_fold_in(stream.example_key, i)}
+        tf.random.experimental.stateless_fold_in(epoch_keys[s], i // count), 2))
+    chunk = tf.random.experimental.index_shuffle(i % count, shuffle_key, count - 1)
+    offset = tf.random.stateless_uniform([], offset_key, 0, slack[s] + 1, dtype=tf.int64)
+    example = {'targets': tf.stack([s, offset + chunk * raw_length]),
+               'seed': tf.random.experimental.stateless_fold_in(example_keys[s], i)}
     if pairs:
-      example['other'] = tf.random.stateless_uniform(
-          [], tf.random.experimental.stateless_fold_in(stream.other_key, i), 0,
-          stream.size - raw_length + 1, dtype=tf.int64)
+      example['other'] = tf.stack([s, tf.random.stateless_uniform(
+          [], tf.random.experimental.stateless_fold_in(other_keys[s], i), 0,
+          sizes[s] - raw_length + 1, dtype=tf.int64)])
     return example
 
-  def read(examples):  # token windows in place of where they begin
+  def read(examples):  # token windows in place of (stream, where they begin)
     for name in ('targets', 'other') if pairs else ('targets',):
       windows = tf.numpy_function(read_windows, [examples[name]], tf.int32, stateful=False)
       examples[name] = tf.ensure_shape(windows, [None, raw_length])
     return examples
 
-  def read_windows(begins):  # int64[n] -> int32[n, raw_length]
-    return stream.tokens.windows(begins, raw_length)
+  def read_windows(places):  # int64[n, 2] of (stream, begin) -> int32[n, raw_length]
+    if len(streams) == 1:
+      return streams[0].tokens.windows(places[:, 1], raw_length)
+    windows = np.empty((len(places), raw_length), np.int32)
+    for s in np.unique(places[:, 0]):
+      rows = places[:, 0] == s
+      windows[rows] = streams[s].tokens.windows(places[rows, 1], raw_length)
+    return windows
 
   rows = _row_blocks(share, first_batch, data.batch_size, segment)
-  if segment:
-    rows = rows.map(lambda rows, components: tf.boolean_mask(rows, components == component))
+  if members is not None:  # the rows of this group's components
+    rows = rows.map(lambda rows, components: tf.boolean_mask(
+        rows, tf.gather(stream_of, components) >= 0))
+  elif segment:
+    rows = rows.map(lambda rows, _: rows)
   return (rows.unbatch()
           .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
