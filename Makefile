@@ -39,8 +39,9 @@ finetune-demo: $(VENV)/.installed
 	$(BIN)/python bench/naive_bayes_sentiment.py
 
 # Two test processes (pytest-xdist), a file each at a time: most tests wait on one core (a
-# compile, a subprocess), so two keep CI's two cores busy.
-TEST_FLAGS = -q -n 2 --dist loadfile
+# compile, a subprocess), so two keep CI's two cores busy. Files in collection order, the slow
+# ones first (tests/conftest.py), so that the longest do not start last.
+TEST_FLAGS = -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(TEST_FLAGS)
