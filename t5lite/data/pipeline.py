@@ -103,8 +103,9 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
             for group in groups]
   rows = chains[0]
   if len(chains) > 1:  # each row from its group's rows, in the schedule's order
-    group_of = tf.constant([g for c in range(len(segment.schedule.names))
-                            for g, group in enumerate(groups) if c in dict(group)], tf.int64)
+    group_of = np.zeros(len(segment.schedule.names), np.int64)  # each component's group
+    for g, group in enumerate(groups):
+      group_of[[index for index, _ in group]] = g
     rows = tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
         share, first_batch, data.batch_size, segment).map(
             lambda _, c: tf.gather(group_of, c)).unbatch())
@@ -255,12 +256,11 @@ def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slic
       windows[rows] = streams[s].tokens.windows(places[rows, 1], raw_length)
     return windows
 
-  rows = _row_blocks(share, first_batch, data.batch_size, segment)
-  if members is not None:  # the rows of this group's components
-    rows = rows.map(lambda rows, components: tf.boolean_mask(
-        rows, tf.gather(stream_of, components) >= 0))
-  elif segment:
-    rows = rows.map(lambda rows, _: rows)
+  if members is None:  # every row: no component to look up
+    rows = _row_blocks(share, first_batch, data.batch_size)
+  else:  # the rows of this group's components
+    rows = _row_blocks(share, first_batch, data.batch_size, segment).map(
+        lambda rows, components: tf.boolean_mask(rows, tf.gather(stream_of, components) >= 0))
   return (rows.unbatch()
           .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
