@@ -11,8 +11,8 @@ the stream, so a chunk seen again in a later epoch is corrupted anew (dynamic ma
 - `mlm_nsp` (BERT with next-sentence prediction): [CLS] A [SEP] B [SEP], B the text after A
   or from elsewhere, half and half; MLM over A and B.
 - `causal_lm` (GPT) and `prefix_lm` (T5's prefix LM for a decoder-only model).
-- `prefix_to_targets` (T5's prefix LM for an encoder-decoder: UL2's S-denoiser), and
-  `prepend_inputs`, which starts every example's inputs with fixed tokens (UL2's mode tokens).
+- `prefix_to_targets` (T5's prefix LM for an encoder-decoder: UL2's S-denoiser). Its and span
+  corruption's inputs start with the example's `mode` ids if it has them (UL2's mode tokens).
 - `bart` (Lewis et al. 2020): sentence permutation, then text infilling with Poisson(3) spans.
 
 The vocabulary has no [MASK], [CLS] or [SEP] piece: MLM and BART mask with `<extra_id_0>`
@@ -42,8 +42,9 @@ def _random_segmentation(num_items, num_segments, seed):
   return bounds[1:] - bounds[:-1]
 
 
-def random_spans_noise_mask(length, noise_density: float, mean_noise_span_length: float, seeds):
+def random_spans_noise_mask(length, noise_density, mean_noise_span_length, seeds):
   """Boolean mask of `length` made of alternating non-noise/noise spans, non-noise first.
+  (`noise_density` and `mean_noise_span_length`: floats, or an example's float32 scalars.)
 
   round(length * noise_density) noise tokens in round(noise / mean_noise_span_length) spans;
   span lengths are a uniformly random segmentation (seeds: two stateless seeds, shape [2, 2]).
@@ -88,9 +89,10 @@ def _map(dataset: tf.data.Dataset, fn) -> tf.data.Dataset:
   return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def span_corruption(dataset: tf.data.Dataset, sentinel_id: int, noise_density: float = 0.15,
-                    mean_noise_span_length: float = 3.0) -> tf.data.Dataset:
-  """{'targets': raw tokens, 'seed': int64[2]} -> {'inputs', 'targets'}, each ending in EOS.
+def span_corruption(dataset: tf.data.Dataset, sentinel_id: int) -> tf.data.Dataset:
+  """{'targets': raw tokens, 'seed': int64[2], 'noise_density', 'mean_noise_span_length', and
+  optionally 'mode'} -> {'inputs', 'targets'}, each ending in EOS, the inputs starting with
+  the mode's ids. Each example carries its own noise: a mixture's differ row by row.
 
   Split the text into chunks of `random_spans_helper(inputs_length)[0]` tokens first (in
   t5lite/objectives/span_corruption.py), as T5 does, and the outputs have exactly
@@ -99,17 +101,27 @@ def span_corruption(dataset: tf.data.Dataset, sentinel_id: int, noise_density: f
   def corrupt(example):
     tokens = example['targets']
     seeds = tf.random.experimental.stateless_split(example['seed'], 2)
-    noise_mask = random_spans_noise_mask(tf.size(tokens), noise_density, mean_noise_span_length,
-                                         seeds)
+    noise_mask = random_spans_noise_mask(tf.size(tokens), example['noise_density'],
+                                         example['mean_noise_span_length'], seeds)
     eos = tf.constant([EOS_ID], tokens.dtype)
     return {
-        'inputs': tf.concat([noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos],
+        'inputs': tf.concat([_mode(example, tokens.dtype),
+                             noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos],
                             axis=0),
         'targets': tf.concat(
             [nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos], axis=0),
     }
 
   return _map(dataset, corrupt)
+
+
+def _mode(example: dict, dtype):
+  """The ids an example's inputs start with (UL2's mode token, e.g. the encoded text [NLU]):
+  its 'mode', padded with PAD_ID to the longest of its chain's; none without one."""
+  if 'mode' not in example:
+    return tf.zeros([0], dtype)
+  mode = tf.cast(example['mode'], dtype)
+  return tf.boolean_mask(mode, mode != PAD_ID)
 
 
 def bert_mask(tokens, seed, mask_id: int, num_pieces: int, noise_density: float = 0.15,
@@ -242,28 +254,19 @@ def prefix_lm(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def prefix_to_targets(dataset: tf.data.Dataset) -> tf.data.Dataset:
   """T5's prefix LM for an encoder-decoder (its `prefix_lm` preprocessor, UL2's S-denoiser):
-  {'targets': n raw tokens, 'seed'} -> {'inputs': a `random_prefix_mask` prefix of p tokens +
-  EOS, 'targets': the other n - p + EOS}, p uniform in [1, n - 1].
+  {'targets': n raw tokens, 'seed', and optionally 'mode'} -> {'inputs': the mode's ids, a
+  `random_prefix_mask` prefix of p tokens and EOS, 'targets': the other n - p + EOS}, p uniform
+  in [1, n - 1].
     targets (raw) A B C D E, p = 2  ->  inputs A B EOS, targets C D E EOS
   """
   def split(example):
     tokens = example['targets']
     p = tf.reduce_sum(random_prefix_mask(tf.size(tokens), example['seed']))
     eos = tf.constant([EOS_ID], tokens.dtype)
-    return {'inputs': tf.concat([tokens[:p], eos], 0), 'targets': tf.concat([tokens[p:], eos], 0)}
+    return {'inputs': tf.concat([_mode(example, tokens.dtype), tokens[:p], eos], 0),
+            'targets': tf.concat([tokens[p:], eos], 0)}
 
   return _map(dataset, split)
-
-
-def prepend_inputs(dataset: tf.data.Dataset, ids: list[int]) -> tf.data.Dataset:
-  """Every example's inputs start with `ids` (UL2's mode tokens, e.g. the encoded text [NLU]);
-  no `ids`, the dataset as it is."""
-  if not ids:
-    return dataset
-  start = tf.constant(ids, tf.int32)
-  return _map(dataset, lambda example: {
-      **example, 'inputs': tf.concat([tf.cast(start, example['inputs'].dtype),
-                                      example['inputs']], 0)})
 
 
 def sentence_permutation(tokens, sentence_end_ids, seed):

@@ -18,10 +18,12 @@ examples, whatever the size of the tokens.
 `data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
 the transform that noises it, the packed rows' lengths and the feature converter; every batch
 holds exactly the features it declares. A mixture (t5lite/data/mixture.py) reads its
-components' streams by the schedule in one chain of tf.data ops per objective and settings (one
-for corpora mixed under one objective, seven for UL2's denoisers), each row from the chain of its
-component, in the schedule's order; the run's objective converts them all, so every component
-must make its features (`objectives.components`).
+components' streams by the schedule in one chain of tf.data ops per objective and settings, each
+row from the chain of its component, in the schedule's order. Settings an objective lets vary
+row by row (its `row_settings`: span corruption's noise and mode) do not split a chain: each
+chunk carries its stream's values. So corpora mixed under one objective are one chain, and UL2's
+seven denoisers two (six span corruptions, one prefix LM). The run's objective converts them
+all, so every component must make its features (`objectives.components`).
 
 TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data runs on
 `data.threads` threads per process.
@@ -42,6 +44,7 @@ from t5lite.data import mixture
 from t5lite.data import packing
 from t5lite.data import store
 from t5lite.data import vocabulary
+from t5lite.token_ids import PAD_ID
 
 READ_EXAMPLES = 512  # examples whose tokens one call reads
 ROW_BLOCK = 1024  # rows located at a time
@@ -121,7 +124,8 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
 
 
 # What a component reads, not how its text becomes examples: components that differ only in these
-# share one tf.data chain (a chain per component costs a mixture a quarter of its rate).
+# (and in their objective's `row_settings`) share one tf.data chain (a chain per component costs
+# a mixture a quarter of its rate).
 _SOURCE_SETTINGS = ('source', 'text_key', 'validation_fraction', 'mixture')
 
 
@@ -129,8 +133,8 @@ def _groups(components: list) -> list[list[tuple[int, tuple]]]:
   """The components (index, (name, data, objective)) grouped by objective and settings."""
   groups = {}
   for index, (name, view, objective) in enumerate(components):
-    key = (objective.name, *sorted((k, repr(v)) for k, v in view.items()
-                                   if k not in _SOURCE_SETTINGS))
+    shared = (k for k in view if k not in _SOURCE_SETTINGS + objective.row_settings)
+    key = (objective.name, *sorted((k, repr(view[k])) for k in shared))
     groups.setdefault(key, []).append((index, (name, view, objective)))
   return list(groups.values())
 
@@ -155,21 +159,23 @@ def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
                        f'{tokens.size} tokens, fewer than one example of {raw_length}; add text '
                        'or change data.validation_fraction')
     # A component's random choices are keyed by its name; a single source's as before mixtures.
-    streams.append(_Stream(tokens, raw_length,
+    streams.append(_Stream(tokens, raw_length, objective.row_values(view),
                            [view.seed, 2 * zlib.crc32(name.encode()) if name else 0]))
   _, (_, view, objective) = group[0]
-  examples = _indexed_examples(streams, raw_length, view, share, first_batch, objective.pairs,
-                               segment, None if alone else [index for index, _ in group])
+  examples = _indexed_examples(streams, view, share, first_batch, objective.pairs, segment,
+                               None if alone else [index for index, _ in group])
   return objective.transform(examples, view, vocab).map(  # an example per row (only BART's
       functools.partial(packing.pad_rows, lengths=objective.row_lengths(view)),  # inputs fall
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # short of theirs)
 
 
 class _Stream:
-  """One source's tokens cut into chunks of `raw_length`, and the keys of its random choices."""
+  """One source's tokens cut into chunks of `raw_length`, the values of its objective's
+  `row_settings` its chunks carry, and the keys of its random choices."""
 
-  def __init__(self, tokens: store.Tokens, raw_length: int, seed: list):
-    self.tokens, self.size = tokens, tokens.size
+  def __init__(self, tokens: store.Tokens, raw_length: int, row_values: dict, seed: list):
+    self.tokens, self.size, self.raw_length = tokens, tokens.size, raw_length
+    self.row_values = row_values
     self.chunks = tokens.size // raw_length
     self.slack = tokens.size - self.chunks * raw_length  # room to shift the cuts each epoch
     self.example_key, self.epoch_key = tf.unstack(
@@ -206,19 +212,25 @@ def _locate(segment: mixture.Segment | None, row):
   return component, example
 
 
-def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slice,
-                      first_batch: int, pairs: bool = False,
-                      segment: mixture.Segment | None = None,
+def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: int,
+                      pairs: bool = False, segment: mixture.Segment | None = None,
                       members: list[int] | None = None) -> tf.data.Dataset:
-  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed'}, and with
-  `pairs` 'other': raw_length tokens from a random place of the split. One stream, or the streams
-  of a mixture's components `members` (all of them if None) by `segment`'s schedule."""
+  """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed', the
+  stream's row values}, and with `pairs` 'other': a chunk's length of tokens from a random
+  place of the split. One stream, or the streams of a mixture's components `members` (all of
+  them if None) by `segment`'s schedule."""
   def stacked(attribute):
     return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
 
-  chunks, slack, sizes = stacked('chunks'), stacked('slack'), stacked('size')
+  chunks, slack, sizes, raw_lengths = (
+      stacked(key) for key in ('chunks', 'slack', 'size', 'raw_length'))
   example_keys, epoch_keys, other_keys = (
       stacked(key) for key in ('example_key', 'epoch_key', 'other_key'))
+  tables = ((name, _row_value_table([s.row_values[name] for s in streams]))
+            for name in streams[0].row_values)
+  values = {name: table for name, table in tables if table is not None}
+  longest = max(s.raw_length for s in streams)
+  ragged = any(s.raw_length != longest for s in streams)
   names = segment.schedule.names if segment else ['']
   member_list = range(len(names)) if members is None else members
   stream_of = tf.constant([member_list.index(c) if c in member_list else -1
@@ -233,27 +245,30 @@ def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slic
         tf.random.experimental.stateless_fold_in(epoch_keys[s], i // count), 2))
     chunk = tf.random.experimental.index_shuffle(i % count, shuffle_key, count - 1)
     offset = tf.random.stateless_uniform([], offset_key, 0, slack[s] + 1, dtype=tf.int64)
-    example = {'targets': tf.stack([s, offset + chunk * raw_length]),
-               'seed': tf.random.experimental.stateless_fold_in(example_keys[s], i)}
+    example = {'targets': tf.stack([s, offset + chunk * raw_lengths[s]]),
+               'seed': tf.random.experimental.stateless_fold_in(example_keys[s], i),
+               **{name: tf.gather(table, s) for name, table in values.items()}}
     if pairs:
       example['other'] = tf.stack([s, tf.random.stateless_uniform(
           [], tf.random.experimental.stateless_fold_in(other_keys[s], i), 0,
-          sizes[s] - raw_length + 1, dtype=tf.int64)])
+          sizes[s] - raw_lengths[s] + 1, dtype=tf.int64)])
     return example
 
   def read(examples):  # token windows in place of (stream, where they begin)
     for name in ('targets', 'other') if pairs else ('targets',):
-      windows = tf.numpy_function(read_windows, [examples[name]], tf.int32, stateful=False)
-      examples[name] = tf.ensure_shape(windows, [None, raw_length])
+      windows = tf.ensure_shape(tf.numpy_function(read_windows, [examples[name]], tf.int32,
+                                                  stateful=False), [None, longest])
+      examples[name] = (tf.RaggedTensor.from_tensor(
+          windows, lengths=tf.gather(raw_lengths, examples[name][:, 0])) if ragged else windows)
     return examples
 
-  def read_windows(places):  # int64[n, 2] of (stream, begin) -> int32[n, raw_length]
+  def read_windows(places):  # int64[n, 2] of (stream, begin) -> int32[n, longest], 0-padded
     if len(streams) == 1:
-      return streams[0].tokens.windows(places[:, 1], raw_length)
-    windows = np.empty((len(places), raw_length), np.int32)
+      return streams[0].tokens.windows(places[:, 1], longest)
+    windows = np.zeros((len(places), longest), np.int32)
     for s in np.unique(places[:, 0]):
-      rows = places[:, 0] == s
-      windows[rows] = streams[s].tokens.windows(places[rows, 1], raw_length)
+      rows, length = places[:, 0] == s, streams[s].raw_length
+      windows[rows, :length] = streams[s].tokens.windows(places[rows, 1], length)
     return windows
 
   if members is None:  # every row: no component to look up
@@ -266,6 +281,19 @@ def _indexed_examples(streams: list[_Stream], raw_length: int, data, share: slic
           .batch(READ_EXAMPLES)
           .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .unbatch())
+
+
+def _row_value_table(values: list) -> tf.Tensor | None:
+  """The streams' values of one row setting, stacked: float32 [streams], or token ids int32
+  [streams, the most ids] padded with PAD_ID (so a chain's rows batch as one shape); None for
+  ids no stream has (no stream has a mode)."""
+  if not isinstance(values[0], list):
+    return tf.constant(values, tf.float32)
+  longest = max(len(ids) for ids in values)
+  if not longest:
+    return None
+  return tf.constant([ids + [PAD_ID] * (longest - len(ids)) for ids in values], tf.int32,
+                     shape=[len(values), longest])
 
 
 def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, data,

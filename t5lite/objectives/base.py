@@ -64,6 +64,10 @@ class Objective:
   # Next-sentence pairs: each chunk comes with an 'other' chunk of random text, and every
   # example fills its own row (never packed: the label and [CLS] are the row's)
   pairs: bool = False
+  # Settings that may differ from one raw chunk to the next of a tf.data chain: each chunk
+  # carries its own values (`row_values`), so a mixture's components that differ only in these
+  # are read together (UL2's six span-corruption denoisers in one chain, not six)
+  row_settings: tuple[str, ...] = ()
   token_loss = True  # the loss is `token_loss`: it can be chunked, distilled and exact-matched
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
@@ -74,8 +78,14 @@ class Objective:
     """{feature: length} of the packed rows the transform's examples go into."""
     raise NotImplementedError
 
+  def row_values(self, data: ml_collections.ConfigDict) -> dict[str, float | list[int]]:
+    """What each raw chunk of `data` carries of `row_settings`: numbers, and `mode`'s ids."""
+    return {name: mode_tokens(data) if name == 'mode' else data[name]
+            for name in self.row_settings}
+
   def transform(self, examples, data: ml_collections.ConfigDict, vocab):
-    """tf.data: raw chunks {'targets', 'seed'} (and 'other' with `pairs`) -> examples."""
+    """tf.data: raw chunks {'targets', 'seed'} (and 'other' with `pairs`, and `row_settings`'
+    values, `mode`'s ids padded with PAD_ID) -> examples."""
     raise NotImplementedError
 
   def convert(self, row: dict) -> dict:
@@ -145,6 +155,15 @@ def at_least(data: ml_collections.ConfigDict, name: str, minimum: int) -> int:
     raise ValueError(f'data.{name}={data[name]} must be at least {minimum} for '
                      f'{data.objective}')
   return data[name]
+
+
+def mode_tokens(data: ml_collections.ConfigDict) -> list[int]:
+  """The ids of the text `data.mode` as the run's vocabulary encodes it ('[NLU]' -> 6 ids of
+  the bundled one, which has no [ or ]: ▁ <unk> N L U <unk>); [] without a mode."""
+  if not data.get('mode'):
+    return []
+  from t5lite.data import vocabulary
+  return vocabulary.load_vocabulary(data.vocabulary).encode_ids([data.mode])[0]
 
 
 def check_unused_length(data: ml_collections.ConfigDict, name: str) -> None:

@@ -18,11 +18,12 @@ from t5lite.objectives import base
 
 class SpanCorruption(base.EncoderDecoderObjective):
   name = 'span_corruption'
+  row_settings = ('noise_density', 'mean_noise_span_length', 'mode')
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """random_spans_helper's raw length for the inputs the mode tokens leave; checks that the
     targets can hold a corrupted example."""
-    mode = len(mode_tokens(data))
+    mode = len(base.mode_tokens(data))
     base.at_least(data, 'inputs_length', mode + 2)  # a sentinel and EOS
     raw_length, targets_length = random_spans_helper(
         data.inputs_length - mode, data.noise_density, data.mean_noise_span_length)
@@ -35,18 +36,7 @@ class SpanCorruption(base.EncoderDecoderObjective):
 
   def transform(self, examples, data, vocab):
     from t5lite.data import noise
-    return noise.prepend_inputs(
-        noise.span_corruption(examples, vocab.sentinel_id(0), data.noise_density,
-                              data.mean_noise_span_length), mode_tokens(data))
-
-
-def mode_tokens(data: ml_collections.ConfigDict) -> list[int]:
-  """The ids of the text `data.mode` as the run's vocabulary encodes it ('[NLU]' -> 6 ids of
-  the bundled one, which has no [ or ]: ▁ <unk> N L U <unk>); [] without a mode."""
-  if not data.get('mode'):
-    return []
-  from t5lite.data import vocabulary
-  return vocabulary.load_vocabulary(data.vocabulary).encode_ids([data.mode])[0]
+    return noise.span_corruption(examples, vocab.sentinel_id(0))
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,

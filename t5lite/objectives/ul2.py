@@ -64,11 +64,12 @@ class SeqToSeqLM(base.EncoderDecoderObjective):
     raw A B C D E, prefix 2  ->  inputs A B EOS, targets C D E EOS
   """
   name = 'seq2seq_lm'
+  row_settings = ('mode',)
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """The inputs the mode tokens leave: the longest prefix (all the chunk but one token) and
     EOS fill them; the targets hold up to the same, the rest of the chunk and EOS."""
-    mode = len(span_corruption.mode_tokens(data))
+    mode = len(base.mode_tokens(data))
     base.at_least(data, 'inputs_length', mode + 2)  # a chunk of two tokens
     raw_length = data.inputs_length - mode
     if data.targets_length < raw_length:
@@ -79,8 +80,7 @@ class SeqToSeqLM(base.EncoderDecoderObjective):
 
   def transform(self, examples, data, vocab):
     from t5lite.data import noise
-    return noise.prepend_inputs(noise.prefix_to_targets(examples),
-                                span_corruption.mode_tokens(data))
+    return noise.prefix_to_targets(examples)
 
 
 S_DENOISER = SeqToSeqLM()

@@ -83,7 +83,7 @@ def test_mlm_selects_15_percent_and_splits_them_80_10_10():
 def test_masking_is_dynamic_a_new_mask_each_epoch(small_data):
   """The pipeline seeds example i of the stream: a chunk seen again is masked anew."""
   tokens = np.arange(100, 100 + 10 * 40, dtype=np.int32)  # 10 chunks of 40, no slack: fixed cuts
-  chunks = pipeline._indexed_examples([pipeline._Stream(store.Tokens([tokens]), 40, [0, 0])], 40,
+  chunks = pipeline._indexed_examples([pipeline._Stream(store.Tokens([tokens]), 40, {}, [0, 0])],
                                       small_data(batch_size=2), share=slice(0, 2), first_batch=0)
   masks = {}
   for i, example in enumerate(noise.mlm(chunks, MASK, NUM_PIECES).take(30)

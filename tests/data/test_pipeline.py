@@ -81,8 +81,8 @@ def test_same_seed_same_batches_other_seed_other_batches(small_data):
 def test_an_epoch_visits_every_chunk_once_with_its_own_cuts(small_data):
   """Example i is chunk index_shuffle(i mod N) of epoch i // N, cut at that epoch's offset."""
   tokens = np.arange(70 * 50 + 33, dtype=np.int32)  # 50 chunks of 70 and 33 tokens to spare
-  examples = pipeline._indexed_examples([pipeline._Stream(store.Tokens([tokens]), 70, [0, 0])],
-                                        70, small_data(batch_size=4), share=slice(0, 4),
+  examples = pipeline._indexed_examples([pipeline._Stream(store.Tokens([tokens]), 70, {}, [0, 0])],
+                                        small_data(batch_size=4), share=slice(0, 4),
                                         first_batch=0)
   starts = np.array([x['targets'][0] for x in examples.take(100).as_numpy_iterator()])
   for epoch in (starts[:50], starts[50:]):

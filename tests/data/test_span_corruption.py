@@ -77,8 +77,9 @@ def reconstruct(inputs, targets):
 def corrupted(num_examples: int, length: int):
   tokens = tf.range(3, 3 + length, dtype=tf.int32)
   ds = tf.data.Dataset.range(num_examples).map(lambda i: {
-      'targets': tokens, 'seed': tf.random.experimental.stateless_fold_in([0, 0], i)})
-  return list(noise.span_corruption(ds, SENTINEL, 0.15, 3.0).as_numpy_iterator())
+      'targets': tokens, 'seed': tf.random.experimental.stateless_fold_in([0, 0], i),
+      'noise_density': 0.15, 'mean_noise_span_length': 3.0})
+  return list(noise.span_corruption(ds, SENTINEL).as_numpy_iterator())
 
 
 def test_lengths_and_reconstruction():

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
+from t5lite import objectives
 from t5lite.data import batches
 from t5lite.data import mixture
+from t5lite.data import pipeline
 from t5lite.data import vocabulary
 from t5lite.objectives import span_corruption
 from t5lite.objectives import ul2
@@ -153,9 +155,24 @@ def test_mode_tokens_typed_as_text_are_the_ids_pretraining_put_there():
                                                        + VOCAB.encode_ids([text])[0])
 
 
+def test_the_six_span_corruption_denoisers_are_read_in_one_chain():
+  """Their noise and mode are `row_settings`: each chunk carries its own (the rows' statistics
+  per denoiser are checked above), so UL2 is two tf.data chains, not seven."""
+  data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
+  groups = pipeline._groups(objectives.components(data))
+  assert [[name for _, (name, *_) in group] for group in groups] == [
+      ['r_3_15', 'r_8_15', 'x_3_50', 'x_64_15', 'x_64_50', 'x_8_50'], ['s']]
+
+
 def test_targets_too_short_for_a_denoiser_are_refused_naming_it():
   config = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py'))
   config.data.targets_length = 100
+  with pytest.raises(ValueError, match=r"^data.mixture.x_3_50: data.targets_length=100 is too "
+                                       r"short for span corruption of 128 inputs \(density 0.5, "
+                                       r"mean span 3.0\): it needs 122$"):
+    next(batches.make_batches(config.data, 'train', process_index=0, process_count=1))
+  for name in ('x_3_50', 'x_8_50', 'x_64_50'):  # density 0.5 needs 122 too
+    del config.data.mixture[name]
   with pytest.raises(ValueError, match=r"^data.mixture.s: data.targets_length=100 is too short "
                                        r"for seq2seq_lm of 128 inputs: its targets take up to 122"):
     next(batches.make_batches(config.data, 'train', process_index=0, process_count=1))
