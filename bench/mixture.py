@@ -2,14 +2,19 @@
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
   .venv/bin/python bench/mixture.py [--examples=8192] [--repeats=3] [--settings=128,512]
+      [--alone] [--source=TEXT]
 
-All three read the bundled corpus (tokenized at start-up, which is reported, not timed), at
+All read the bundled corpus, or --source (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
 - single: span corruption of `data.source`, as t5_tiny trains;
 - mixture: three components of that corpus, weights 5:3:2, each in its own order (keyed by its
   name), with span corruption: the mixing alone (the schedule's lookup, one stream per
   component, each row taken from its component's stream);
-- ul2: configs/ul2_tiny.py's seven denoisers, each its own objective, settings and mode tokens.
+- ul2: configs/ul2_tiny.py's seven denoisers, each its own objective, settings and mode tokens;
+- with --alone, each denoiser alone as a single source: UL2's rows are more work than span
+  corruption's (at 512: 654 raw tokens a row on average, not 568, and X's targets 506 tokens,
+  not 114), so `ul2_alone` is the rate UL2 would have if mixing cost nothing (each denoiser's time
+  per example weighted by its rate) and `ul2_mixing_ratio` UL2's rate over it.
 Each run is a child process of one pipeline at one setting, held to one core with one tf.data
 thread (the steadiest measure on a shared machine). Runs alternate between pipelines, each repeat
 in the other order; each line has every pipeline's medians over --repeats runs and the median
@@ -35,25 +40,44 @@ SETTINGS = {'128': 128, '512': 512}  # inputs_length = targets_length
 WARMUP_BATCHES = 32
 
 
-def pipeline_data(name: str, length: int):
-  """The data config of pipeline `name` at `length` inputs and targets."""
+def pipeline_data(name: str, length: int, source: str | None = None):
+  """The data config of pipeline `name` at `length` inputs and targets ('alone:DENOISER': that
+  UL2 denoiser as a single source), reading `source` (default: the bundled corpus)."""
   import ml_collections  # pylint: disable=import-outside-toplevel  # the child's
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
+  from t5lite.data import mixture  # pylint: disable=import-outside-toplevel
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
-  if name != 'ul2':
+  if name.startswith('alone:'):
+    data = mixture.component_data(data, name.removeprefix('alone:'))
+  elif name != 'ul2':
     data.mixture = ml_collections.ConfigDict()
   if name == 'mixture':
     for component, weight in (('books', 5.0), ('code', 3.0), ('web', 2.0)):
       data.mixture[component] = dict(weight=weight)
   data.update(inputs_length=length, targets_length=length, batch_size=32, threads=1)
+  if source:
+    data.source = source
   return data
 
 
-def measure(name: str, length: int, examples: int) -> dict:
+def ul2_rates() -> dict[str, float]:
+  """UL2's denoisers and their shares of the rows (configs/ul2_tiny.py's mixture)."""
+  from t5lite.objectives import ul2  # pylint: disable=import-outside-toplevel
+  weights = {name: component.weight for name, component in ul2.mixture().items()}
+  return {name: weight / sum(weights.values()) for name, weight in weights.items()}
+
+
+def free_rate(shares: dict[str, float], alone: dict[str, float]) -> float:
+  """Examples per CPU-second of a mixture if mixing cost nothing: its components' times per
+  example (1 / their rates `alone`) weighted by their `shares` of the rows."""
+  return 1 / sum(share / alone[name] for name, share in shares.items())
+
+
+def measure(name: str, length: int, examples: int, source: str | None) -> dict:
   """Rates after WARMUP_BATCHES (tf.data's buffers filled, its autotuning settled)."""
   from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
   tic = time.perf_counter()
-  batches = batches_lib.make_batches(pipeline_data(name, length), 'train', process_index=0,
+  batches = batches_lib.make_batches(pipeline_data(name, length, source), 'train', process_index=0,
                                      process_count=1)
   next(batches)
   startup = time.perf_counter() - tic
@@ -68,12 +92,12 @@ def measure(name: str, length: int, examples: int) -> dict:
           'startup_s': startup}
 
 
-def run(name: str, setting: str, examples: int) -> dict:
+def run(name: str, setting: str, examples: int, source: str | None) -> dict:
   """A child process held to this one's first core (sched_setaffinity, as taskset)."""
   core = sorted(os.sched_getaffinity(0))[:1]
   done = subprocess.run(
       [sys.executable, os.path.abspath(__file__), f'--child={name}', f'--settings={setting}',
-       f'--examples={examples}'],
+       f'--examples={examples}', *([f'--source={source}'] if source else [])],
       stdout=subprocess.PIPE, text=True, check=True,
       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
       preexec_fn=lambda: os.sched_setaffinity(0, core))
@@ -85,32 +109,46 @@ def main():
   parser.add_argument('--examples', type=int, default=8192, help='timed, per setting and run')
   parser.add_argument('--repeats', type=int, default=3, help='runs of each pipeline')
   parser.add_argument('--settings', default=','.join(SETTINGS), help='of ' + ','.join(SETTINGS))
-  parser.add_argument('--child', choices=PIPELINES, help=argparse.SUPPRESS)
+  parser.add_argument('--source', help='the text every pipeline reads (default: the bundled '
+                      'corpus, which each run tokenizes at start-up)')
+  parser.add_argument('--alone', action='store_true', help="also each UL2 denoiser alone")
+  parser.add_argument('--child', help=argparse.SUPPRESS)  # a pipeline's name
   args = parser.parse_args()
   settings = args.settings.split(',')
+  pipelines = PIPELINES + (tuple(f'alone:{name}' for name in ul2_rates()) if args.alone else ())
   if args.child:
     print(json.dumps({'load_avg_1m': os.getloadavg()[0], **{
-        setting: measure(args.child, SETTINGS[setting], args.examples) for setting in settings}}))
+        setting: measure(args.child, SETTINGS[setting], args.examples, args.source)
+        for setting in settings}}))
     return
   runs = collections.defaultdict(list)
   for repeat in range(args.repeats):  # interleaved, each time in the other order
-    for name in PIPELINES if repeat % 2 == 0 else PIPELINES[::-1]:
+    for name in pipelines if repeat % 2 == 0 else pipelines[::-1]:
       for setting in settings:  # each in a process of its own
-        runs[name].append(run(name, setting, args.examples))
+        runs[name].append(run(name, setting, args.examples, args.source))
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
-  loads = [r['load_avg_1m'] for name in PIPELINES for r in runs[name]]
+  loads = [r['load_avg_1m'] for name in pipelines for r in runs[name]]
   for setting in settings:
     row = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
            'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
            'examples': args.examples, 'repeats': args.repeats}
-    measured = {name: [r[setting] for r in runs[name] if setting in r] for name in PIPELINES}
-    for name in PIPELINES:
+    measured = {name: [r[setting] for r in runs[name] if setting in r] for name in pipelines}
+    for name in pipelines:
       row[name] = {key: round(statistics.median(r[key] for r in measured[name]), 3)
                    for key in ('examples_per_cpu_s', 'examples_per_s', 'startup_s')}
     row['ratio_to_single'] = {
         name: round(statistics.median(
             r['examples_per_cpu_s'] / s['examples_per_cpu_s']
             for r, s in zip(measured[name], measured['single'])), 3) for name in PIPELINES[1:]}
+    if args.alone:
+      shares = ul2_rates()
+      alone = [free_rate(shares, {name: measured[f'alone:{name}'][repeat]['examples_per_cpu_s']
+                                  for name in shares}) for repeat in range(args.repeats)]
+      row['ul2_alone'] = {'examples_per_cpu_s': round(statistics.median(alone), 3),
+                          **{name.removeprefix('alone:'): row.pop(name)['examples_per_cpu_s']
+                             for name in pipelines if name.startswith('alone:')}}
+      row['ul2_mixing_ratio'] = round(statistics.median(
+          r['examples_per_cpu_s'] / a for r, a in zip(measured['ul2'], alone)), 3)
     row.update(cpu=machine(), load_avg_1m=[min(loads), max(loads)], date=date)
     print(json.dumps(row), flush=True)
 

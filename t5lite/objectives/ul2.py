@@ -18,8 +18,10 @@ UL2's rates: R 40% and X 40%, each spread evenly over its denoisers, S 20% (the 
 section 4.5); UL2R (U-PaLM, Tay et al. 2022b): S 50%, R 25%, X 25%. Each denoiser's raw chunk
 is the one whose noised inputs, after its mode tokens, fill `data.inputs_length` exactly
 (random_spans_helper; the S-denoiser's: inputs_length - the mode's tokens, so that its longest
-prefix, n - 1 tokens, and EOS fill them), and the targets take as many as the longest denoiser needs (UL2: 512 and 512). Every
-denoiser reads the whole corpus in its own order (seqio's ul2_objective with shard_ds=False).
+prefix, n - 1 tokens, and EOS fill them), and the targets take as many as the longest denoiser
+needs (UL2: 512 and 512). Every denoiser reads the whole corpus in its own order (seqio's
+ul2_objective with shard_ds=False); the six span corruptions are read in one tf.data chain, each
+chunk carrying its own noise and mode (`row_settings`).
 T5's span arithmetic holds as it is: at 512 inputs (0.15, 64) makes one span of 89 tokens, and
 (0.5, 3) 126 spans, more than T5's 100 sentinels, so that, as in T5, the sentinel ids count on
 down into the vocabulary's last pieces.

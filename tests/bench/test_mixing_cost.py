@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests import texts
+
 ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
@@ -25,13 +27,28 @@ def test_the_pipelines_are_one_source_three_components_and_ul2():
   assert counts['single'] is None
   assert counts['mixture'].tolist() == [16, 10, 6]  # books 5, code 3, web 2 of 32 rows
   assert len(counts['ul2']) == 7
+  for name in mixture.ul2_rates():  # --alone: each denoiser a single source with its settings
+    data = mixture.pipeline_data(f'alone:{name}', 128)
+    assert not data.mixture and data.mode and data.objective in ('span_corruption', 'seq2seq_lm')
+    assert 'component' not in next(batches.make_batches(data, 'train', process_index=0,
+                                                        process_count=1))
 
 
-@pytest.mark.slow  # six child processes, each importing TensorFlow
-def test_the_bench_prints_a_line_per_setting_with_its_ratios():
+def test_mixing_for_free_weighs_each_components_time_per_example_by_its_share():
+  import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
+  # half the rows at 100 a second, half at 300: 150 rows a second, not the mean 200
+  assert mixture.free_rate({'a': 0.5, 'b': 0.5}, {'a': 100.0, 'b': 300.0}) == pytest.approx(150)
+  shares = mixture.ul2_rates()
+  assert sum(shares.values()) == pytest.approx(1) and shares['s'] == pytest.approx(0.2)
+  assert shares['r_3_15'] == pytest.approx(0.2) and shares['x_64_50'] == pytest.approx(0.1)
+
+
+@pytest.mark.slow  # three child processes, each importing TensorFlow
+def test_the_bench_prints_a_line_per_setting_with_its_ratios(tmp_path):
+  source = texts.random_corpus(tmp_path / 'corpus.txt')  # not the bundled corpus's seconds a run
   done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'mixture.py'), '--examples=64',
-                         '--repeats=1', '--settings=128'], cwd=ROOT, capture_output=True,
-                        text=True, timeout=900, check=True)
+                         '--repeats=1', '--settings=128', f'--source={source}'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900, check=True)
   [line] = done.stdout.splitlines()
   row = json.loads(line)
   assert row['bench'] == 'mixture' and row['inputs_length'] == 128 and row['repeats'] == 1
