@@ -25,7 +25,11 @@ JOBS = ('correctness', 'attention', 'profile', 'hf', 'speed:t5_tiny:baseline',
 def rows(tmp_path_factory):
   """{job: [rows]} of one run of every job, and the --out folder."""
   out = tmp_path_factory.mktemp('gpu_out')
-  one_device = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')  # as a GPU
+  # One device, as a GPU; torch.compile a no-op (TORCH_COMPILE_DISABLE: on a CPU its C++ build
+  # took 2 of the hf job's 2.5 minutes, and it is not a GPU's Triton path), so `hf_torch_compile`
+  # runs its SDPA model and fused AdamW eagerly.
+  one_device = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1',
+                    TORCH_COMPILE_DISABLE='1')
   done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu.py'), f'--out={out}',
                          f'--jobs={",".join(JOBS)}', '--steps=2', '--warmup=1',
                          '--budget_s=1500'], cwd=ROOT,
