@@ -105,7 +105,7 @@ def span_corruption(dataset: tf.data.Dataset, sentinel_id: int) -> tf.data.Datas
                                          example['mean_noise_span_length'], seeds)
     eos = tf.constant([EOS_ID], tokens.dtype)
     return {
-        'inputs': tf.concat([_mode(example, tokens.dtype),
+        'inputs': tf.concat([*_mode(example, tokens.dtype),
                              noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos],
                             axis=0),
         'targets': tf.concat(
@@ -115,13 +115,14 @@ def span_corruption(dataset: tf.data.Dataset, sentinel_id: int) -> tf.data.Datas
   return _map(dataset, corrupt)
 
 
-def _mode(example: dict, dtype):
-  """The ids an example's inputs start with (UL2's mode token, e.g. the encoded text [NLU]):
-  its 'mode', padded with PAD_ID to the longest of its chain's; none without one."""
+def _mode(example: dict, dtype) -> list:
+  """The ids an example's inputs start with (UL2's mode token, e.g. the encoded text [NLU]),
+  as a list of one tensor: its 'mode', padded with PAD_ID to the longest of its chain's; []
+  without one (no op on a mode-less chain's examples)."""
   if 'mode' not in example:
-    return tf.zeros([0], dtype)
+    return []
   mode = tf.cast(example['mode'], dtype)
-  return tf.boolean_mask(mode, mode != PAD_ID)
+  return [tf.boolean_mask(mode, mode != PAD_ID)]
 
 
 def bert_mask(tokens, seed, mask_id: int, num_pieces: int, noise_density: float = 0.15,
@@ -263,7 +264,7 @@ def prefix_to_targets(dataset: tf.data.Dataset) -> tf.data.Dataset:
     tokens = example['targets']
     p = tf.reduce_sum(random_prefix_mask(tf.size(tokens), example['seed']))
     eos = tf.constant([EOS_ID], tokens.dtype)
-    return {'inputs': tf.concat([_mode(example, tokens.dtype), tokens[:p], eos], 0),
+    return {'inputs': tf.concat([*_mode(example, tokens.dtype), tokens[:p], eos], 0),
             'targets': tf.concat([tokens[p:], eos], 0)}
 
   return _map(dataset, split)

@@ -30,8 +30,6 @@ OBJECTIVES = {objective.name: objective for objective in (
     electra.OBJECTIVE,
     ul2.S_DENOISER,
 )}
-# The objectives whose inputs may start with a mode token (`data.mode`, UL2's)
-TAKE_MODE = (span_corruption.OBJECTIVE.name, ul2.S_DENOISER.name)
 
 
 def get(name: str) -> Objective:
@@ -74,9 +72,11 @@ def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collection
 
 
 def _check_mode(data: ml_collections.ConfigDict, objective: Objective, where: str) -> None:
-  if data.get('mode') and objective.name not in TAKE_MODE:
+  """A mode (UL2's, the text inputs start with) only for objectives that carry one per row."""
+  if data.get('mode') and 'mode' not in objective.row_settings:
+    take = [name for name, known in OBJECTIVES.items() if 'mode' in known.row_settings]
     raise ValueError(f'{where}.mode={data.mode!r}: data.objective={objective.name!r} has no '
-                     f'inputs to start with it; only {" and ".join(TAKE_MODE)} take a mode')
+                     f'inputs to start with it; only {" and ".join(take)} take a mode')
 
 
 def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Objective:
