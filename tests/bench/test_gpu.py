@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -69,6 +70,34 @@ def test_correctness_checks_pass_on_cpu(rows):
 
 
 @pytest.mark.slow
+def test_the_attention_timings_check_each_kernel_against_float32_einsum(rows):
+  by_job, _ = rows
+  timed = {(row['case'], row['kernel']): row for row in by_job['attention_speed']}
+  assert set(timed) == {(case, kernel) for case in ('encoder', 'decoder', 'cross')
+                        for kernel in ('einsum', 'xla')}  # cuDNN's need a GPU
+  for (case, _), row in timed.items():
+    assert row['finite'] and row['fwd_bwd_ms'] > 0
+    errors = [row[k] for k in ('value', 'd_query', 'd_key', 'd_value', 'd_table') if k in row]
+    assert len(errors) == (4 if case == 'cross' else 5)  # cross-attention has no bias
+    assert max(errors) <= 1e-5  # float32 on CPU: the same function as the reference
+
+
+def test_packed_segments_are_cudnn_lengths_and_offsets():
+  import gpu  # pylint: disable=import-outside-toplevel
+  segments = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+  lengths, offsets = gpu.packed_segments(segments, 3)
+  np.testing.assert_array_equal(lengths, [[3, 2, -1], [6, -1, -1]])
+  np.testing.assert_array_equal(offsets, [[0, 3, -1, -1], [0, -1, -1, -1]])
+  rows = gpu.packed_rows(64, 40, 4, seed=0)
+  for row in rows:  # 1 to 4 examples in order, then padding only
+    examples = row[row > 0]
+    assert 1 <= examples.max() <= 4 and np.all(np.diff(examples) >= 0)
+    assert set(np.unique(examples)) == set(range(1, examples.max() + 1))
+    assert np.all(row[len(examples):] == 0)
+  assert {row.max() for row in rows} == {1, 2, 3, 4} and (rows == 0).any()
+
+
+@pytest.mark.slow
 def test_the_speed_jobs_and_the_side_by_side_measure(rows):
   by_job, _ = rows
   import gpu  # pylint: disable=import-outside-toplevel
@@ -88,7 +117,7 @@ def test_the_speed_jobs_and_the_side_by_side_measure(rows):
 @pytest.mark.slow
 def test_the_profile_maps_device_time_to_source_lines(rows):
   by_job, out = rows
-  profile = by_job['profile'][0]
+  profile = by_job['profile:t5_tiny:baseline'][0]
   assert profile['instructions'] > 100 and profile['device_ms_per_step'] > 0
   phases = dict((name, ms) for name, ms, _ in profile['by_phase'])
   assert set(phases) == {'forward', 'backward', 'update'}
@@ -96,7 +125,8 @@ def test_the_profile_maps_device_time_to_source_lines(rows):
   lines = [line for line, _, _ in profile['by_line']]
   assert any(line.startswith('t5lite/models/layers.py:') and 'Dense' in line for line in lines)
   assert any(line.startswith('t5lite/models/attention.py:') for line in lines)
-  for archive in ('trace.tar.gz', 'xla_dump.tar.gz'):
+  assert profile['change'] == 'baseline' and profile['peak_memory_gib'] is None  # CPU: no stats
+  for archive in ('trace_baseline.tar.gz', 'xla_dump_baseline.tar.gz'):
     with tarfile.open(out / archive) as tar:
       assert len(tar.getnames()) > 1
   assert not (out / 'trace').exists() and not (out / 'xla_dump').exists()
@@ -126,7 +156,11 @@ def test_every_speed_change_makes_a_valid_config():
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
   cpu_sweep = gpu.sweep()
   [(cpu_model, (_, cpu_changes))] = cpu_sweep.items()
-  assert len(cpu_changes) == len(gpu.SWEEP['t5_1_1_base'][1]) - 1  # all but cuDNN's
+  # the first preset's changes but cuDNN's (batch sizes a 32nd)
+  kept = [change for change in gpu.SWEEP['t5_1_1_base'][1]
+          if change.get('model.attention') != 'cudnn']
+  assert [list(change) for change in cpu_changes] == [list(change) for change in kept]
+  assert len(cpu_changes) == 8
   variants = [(cpu_model, change, gpu.variant_config(cpu_model, change)) for change in cpu_changes]
   for name, (batch, changes) in gpu.SWEEP.items():
     for change in changes:
@@ -134,7 +168,7 @@ def test_every_speed_change_makes_a_valid_config():
       variants.append((name, change, gpu.preset(name, dtype='bfloat16', batch_size=batch,
                                                 inputs_length=512, targets_length=114,
                                                 **overrides)))
-  assert len(variants) == 8 + 9 + 4
+  assert len(variants) == 8 + 12 + 6
   for name, change, config in variants:
     config_lib.validate(config)
     config_lib.model_config(config)
