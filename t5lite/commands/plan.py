@@ -275,8 +275,14 @@ def peak_flops(topology: Topology, devices) -> float:
 
 # The MFU a step time is predicted at where --mfu is not given. GPU: what `t5lite train` reached
 # on t5_1_1_base (bfloat16, 512/114, batch 128, scanned, no remat) on one H200 on 2026-11-26
-# (bench/gpu.py's resume job; BENCHMARKS.md). TPU and CPU: not measured by t5lite yet.
+# (bench/gpu.py's resume job; BENCHMARKS.md); with cuDNN attention, what its step reached on
+# one H100 (save_dots remat; t5_1_1_large 0.26). TPU and CPU: not measured by t5lite yet.
 DEFAULT_MFU = {'gpu': 0.16, 'tpu': 0.4, 'cpu': 0.4}
+CUDNN_GPU_MFU = 0.24
+
+
+def default_mfu(platform: str, attention: str) -> float:
+  return CUDNN_GPU_MFU if platform == 'gpu' and attention == 'cudnn' else DEFAULT_MFU[platform]
 
 
 def speed(model_cfg: ModelConfig, data_cfg, topology: Topology, devices, mfu: float) -> dict:
@@ -299,13 +305,14 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
 
   Compiles the real step where it can (see the module docstring) unless compile_step is False;
   the analytic estimate is always included. Byte counts are per device; the step time is the
-  analytic FLOPs at `mfu` (default: DEFAULT_MFU's) of the devices' dense bf16 peak. A topology,
+  analytic FLOPs at `mfu` (default: default_mfu's) of the devices' dense bf16 peak. A topology,
   mesh or batch that cannot work raises ValueError with one line, before anything compiles.
   """
   topo = parse_topology(topology)
   model_cfg = config_lib.model_config(config)
   devices = topology_devices(topo) if compile_step else None
-  expected = speed(model_cfg, config.data, topo, devices, mfu or DEFAULT_MFU[topo.platform])
+  expected = speed(model_cfg, config.data, topo, devices,
+                   mfu or default_mfu(topo.platform, model_cfg.attention))
   run = run_lib.make_run(config, plan_mesh(config.mesh, topo, devices), reads_text=False)
   result = {'topology': topo.name, 'platform': topo.platform, 'num_devices': topo.num_devices,
             'device_kind': topo.chip.device_kind if topo.chip else 'cpu',

@@ -6,7 +6,6 @@ preset in configs/, a test, and one `register` line here.
 """
 
 from flax import nnx
-import jax
 
 from t5lite.models import decoder, electra, encoder, encoder_decoder
 from t5lite.models.architecture import Family
@@ -51,7 +50,4 @@ def stack_names() -> tuple[str, ...]:
 
 def build(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
   """The model `cfg.arch` names, initialized from `rngs.params`; `nnx.eval_shape` it for shapes."""
-  if cfg.attention == 'cudnn' and jax.default_backend() != 'gpu':
-    raise ValueError(f"model.attention='cudnn' needs a GPU (backend is {jax.default_backend()}); "
-                     "use 'xla' or 'einsum'")
   return check(cfg).model(cfg, rngs=rngs)

@@ -134,6 +134,7 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   objectives.for_run(config, model_cfg)
   rules = mesh_lib.rule_table(config.mesh.rules)
   mesh = mesh_lib.make_mesh(config.mesh) if mesh is None else mesh
+  check_attention(model_cfg, mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules,
                               microbatches=config.train.microbatches)
   optimizer = optim.make_optimizer(config.optim, config.train.steps,
@@ -143,6 +144,16 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   # of a topology `t5lite plan` compiles for cannot run.
   spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
   return Run(config, model_cfg, mesh, rules, optimizer, schedule, spec)
+
+
+def check_attention(model_cfg: ModelConfig, mesh) -> None:
+  """Refuses cuDNN's attention on devices other than GPUs; an abstract mesh (`t5lite plan` for
+  chips this host lacks) has none to check."""
+  if model_cfg.attention == 'cudnn' and isinstance(mesh, Mesh):
+    platform = mesh.devices.flat[0].platform
+    if platform != 'gpu':
+      raise ValueError(f"model.attention='cudnn' needs a GPU (the devices are {platform}); "
+                       "use 'xla' or 'einsum'")
 
 
 def check_vocabulary(vocab: vocabulary.Vocabulary, model_cfg: ModelConfig, name: str) -> None:

@@ -76,6 +76,17 @@ def test_mesh_that_does_not_fit_is_one_line(topology, overrides, match):
   assert '\n' not in str(error.value)
 
 
+def test_cudnn_attention_is_planned_for_gpus_and_refused_on_this_cpu():
+  """A GPU run's config plans from a host without GPUs (analytic, at cuDNN's measured MFU); on
+  this host's own devices it is refused in one line, as `t5lite train` refuses it."""
+  config = load('t5_tiny', 'model.attention=cudnn')
+  assert plan_lib.plan(config, '8xH100', compile_step=False)['mfu'] == 0.24
+  with pytest.raises(ValueError, match=r"model.attention='cudnn' needs a GPU \(the devices are "
+                     r"cpu\); use 'xla' or 'einsum'$") as error:
+    plan_lib.plan(config, 'cpu:1')
+  assert '\n' not in str(error.value)
+
+
 @functools.lru_cache(maxsize=None)
 def analytic_plan(preset: str, topology: str, *overrides: str) -> dict:
   """The analytic estimate alone (compile_step=False), fast even where libtpu is installed."""
@@ -83,11 +94,13 @@ def analytic_plan(preset: str, topology: str, *overrides: str) -> dict:
   return plan_lib.plan(config, topology, compile_step=False)
 
 
-@pytest.mark.parametrize('topology, devices, peak, mfu', [('v4-32', 16, 275e12, 0.4),
-                                                          ('8xH100', 8, 989e12, 0.16)])
-def test_t5_1_1_base_is_replicated_and_fits(topology, devices, peak, mfu):
-  """At the default MFU of the platform: on GPUs, what t5lite measured on an H200."""
-  result = analytic_plan('t5_1_1_base', topology)
+@pytest.mark.parametrize('topology, attention, devices, peak, mfu', [
+    ('v4-32', 'xla', 16, 275e12, 0.4), ('8xH100', 'xla', 8, 989e12, 0.16),
+    ('8xH100', 'cudnn', 8, 989e12, 0.24)])
+def test_t5_1_1_base_is_replicated_and_fits(topology, attention, devices, peak, mfu):
+  """At the default MFU of the platform: on GPUs, what t5lite measured on an H200, and with
+  cuDNN attention on an H100."""
+  result = analytic_plan('t5_1_1_base', topology, f'model.attention={attention}')
   memory = result['analytic']
   assert result['mesh'] == {'data': devices, 'fsdp': 1, 'tensor': 1}
   assert 247e6 < result['num_params'] < 249e6  # T5 v1.1 base
