@@ -2,7 +2,7 @@
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
   .venv/bin/python bench/mixture.py [--examples=8192] [--repeats=3] [--settings=128,512]
-      [--alone] [--source=TEXT]
+      [--alone] [--source=TEXT] [--in_process]
 
 All read the bundled corpus, or --source (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
@@ -19,6 +19,11 @@ Each run is a child process of one pipeline at one setting, held to one core wit
 thread (the steadiest measure on a shared machine). Runs alternate between pipelines, each repeat
 in the other order; each line has every pipeline's medians over --repeats runs and the median
 ratio to `single` of the runs made side by side. Rates are counted after WARMUP_BATCHES batches.
+
+With --in_process, every pipeline (and `ul2_span`: UL2's six span-corruption denoisers alone, its
+first chain) is built in one child process instead, without tf.data's prefetch or parallel maps
+(so that none works ahead while another is timed), and they are timed --repeats rounds in turn:
+runs minutes apart differ by up to 20% on a shared machine, rounds seconds apart less.
 """
 
 import argparse
@@ -49,6 +54,8 @@ def pipeline_data(name: str, length: int, source: str | None = None):
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
   if name.startswith('alone:'):
     data = mixture.component_data(data, name.removeprefix('alone:'))
+  elif name == 'ul2_span':  # UL2 without its prefix LM (S): one tf.data chain
+    del data.mixture['s']
   elif name != 'ul2':
     data.mixture = ml_collections.ConfigDict()
   if name == 'mixture':
@@ -92,6 +99,61 @@ def measure(name: str, length: int, examples: int, source: str | None) -> dict:
           'startup_s': startup}
 
 
+def measure_in_turn(names: list[str], length: int, examples: int, rounds: int,
+                    source: str | None) -> dict[str, list[float]]:
+  """Examples per CPU-second of each pipeline, `rounds` times, timed in turn in this process;
+  built without prefetch or parallel maps, so that only the timed one computes."""
+  from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
+  from t5lite.data.tf_setup import tf  # pylint: disable=import-outside-toplevel
+  sequential_map = tf.data.Dataset.map
+  tf.data.Dataset.prefetch = lambda self, *args, **kwargs: self
+  tf.data.Dataset.map = lambda self, fn, *args, **kwargs: sequential_map(self, fn)
+  pipelines = {name: batches_lib.make_batches(pipeline_data(name, length, source), 'train',
+                                              process_index=0, process_count=1)
+               for name in names}
+  for batches in pipelines.values():
+    for _ in range(WARMUP_BATCHES):
+      next(batches)
+  rates = collections.defaultdict(list)
+  for repeat in range(rounds):
+    for name in names if repeat % 2 == 0 else names[::-1]:
+      cpu, rows = time.process_time(), 0
+      while rows < examples:
+        rows += len(next(pipelines[name])['encoder_input_tokens'])
+      rates[name].append(rows / (time.process_time() - cpu))
+  return rates
+
+
+def in_process_row(names: list[str], setting: str, args) -> dict:
+  """--in_process: one child measures every pipeline in turn; medians, and their ratios."""
+  core = sorted(os.sched_getaffinity(0))[:1]
+  done = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), f'--child={",".join(names)}',
+       f'--settings={setting}', f'--examples={args.examples}', f'--repeats={args.repeats}',
+       '--in_process', *([f'--source={args.source}'] if args.source else [])],
+      stdout=subprocess.PIPE, text=True, check=True,
+      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
+      preexec_fn=lambda: os.sched_setaffinity(0, core))
+  child = json.loads(done.stdout.splitlines()[-1])
+  rates = child['rates']
+  medians = {name: statistics.median(values) for name, values in rates.items()}
+  row = {'bench': 'mixture_in_process', 'inputs_length': SETTINGS[setting],
+         'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
+         'examples': args.examples, 'rounds': args.repeats,
+         'examples_per_cpu_s': {name: round(rate, 1) for name, rate in medians.items()},
+         'ratio_to_single': {name: round(statistics.median(
+             r / s for r, s in zip(rates[name], rates['single'])), 3) for name in names[1:]}}
+  shares = ul2_rates()
+  if all(f'alone:{name}' in rates for name in shares):
+    free = [free_rate(shares, {name: rates[f'alone:{name}'][k] for name in shares})
+            for k in range(args.repeats)]
+    row['ul2_alone'] = round(statistics.median(free), 1)
+    row['ul2_mixing_ratio'] = round(statistics.median(
+        r / f for r, f in zip(rates['ul2'], free)), 3)
+  return {**row, 'cpu': machine(), 'load_avg_1m': child['load_avg_1m'],
+          'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}
+
+
 def run(name: str, setting: str, examples: int, source: str | None) -> dict:
   """A child process held to this one's first core (sched_setaffinity, as taskset)."""
   core = sorted(os.sched_getaffinity(0))[:1]
@@ -112,10 +174,23 @@ def main():
   parser.add_argument('--source', help='the text every pipeline reads (default: the bundled '
                       'corpus, which each run tokenizes at start-up)')
   parser.add_argument('--alone', action='store_true', help="also each UL2 denoiser alone")
-  parser.add_argument('--child', help=argparse.SUPPRESS)  # a pipeline's name
+  parser.add_argument('--in_process', action='store_true',
+                      help='every pipeline in one process, timed in turn (see above)')
+  parser.add_argument('--child', help=argparse.SUPPRESS)  # a pipeline's name(s)
   args = parser.parse_args()
   settings = args.settings.split(',')
-  pipelines = PIPELINES + (tuple(f'alone:{name}' for name in ul2_rates()) if args.alone else ())
+  pipelines = (PIPELINES + (('ul2_span',) if args.in_process else ())
+               + (tuple(f'alone:{name}' for name in ul2_rates()) if args.alone else ()))
+  if args.child and args.in_process:
+    [setting] = settings
+    rates = measure_in_turn(args.child.split(','), SETTINGS[setting], args.examples,
+                            args.repeats, args.source)
+    print(json.dumps({'load_avg_1m': os.getloadavg()[0], 'rates': rates}))
+    return
+  if args.in_process:
+    for setting in settings:
+      print(json.dumps(in_process_row(list(pipelines), setting, args)), flush=True)
+    return
   if args.child:
     print(json.dumps({'load_avg_1m': os.getloadavg()[0], **{
         setting: measure(args.child, SETTINGS[setting], args.examples, args.source)

@@ -57,3 +57,19 @@ def test_the_bench_prints_a_line_per_setting_with_its_ratios(tmp_path):
   for name in ('mixture', 'ul2'):
     expected = row[name]['examples_per_cpu_s'] / row['single']['examples_per_cpu_s']
     assert row['ratio_to_single'][name] == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.slow  # one child process building nine pipelines
+def test_in_process_the_pipelines_are_timed_in_turn_with_ul2s_span_chain(tmp_path):
+  source = texts.random_corpus(tmp_path / 'corpus.txt')
+  done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'mixture.py'), '--in_process',
+                         '--examples=64', '--repeats=2', '--settings=128', f'--source={source}'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900, check=True)
+  [line] = done.stdout.splitlines()
+  row = json.loads(line)
+  assert row['bench'] == 'mixture_in_process' and row['rounds'] == 2
+  assert list(row['examples_per_cpu_s']) == ['single', 'mixture', 'ul2', 'ul2_span']
+  assert all(rate > 0 for rate in row['examples_per_cpu_s'].values())
+  assert list(row['ratio_to_single']) == ['mixture', 'ul2', 'ul2_span']
+  assert all(0 < ratio < 10 for ratio in row['ratio_to_single'].values())
+  assert 'ul2_mixing_ratio' not in row  # the denoisers alone: with --alone
