@@ -56,6 +56,8 @@ import time
 import train_step  # pylint: disable=wrong-import-order
 
 import jax  # noqa: E402
+# JAX's own cuDNN wrapper: its packed-segment layout, which jax.nn.dot_product_attention lacks
+from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -339,7 +341,7 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
   k, v = (jax.random.normal(key, (batch, kv_len, heads, d), dtype) for key in keys[2:])
   q_segments = jnp.asarray(packed_rows(batch, q_len, most, 0))
   kv_segments = q_segments if q_len == kv_len else jnp.asarray(packed_rows(batch, kv_len, most, 1))
-  if not causal:  # cross-attention: the same examples on both sides
+  if kv_segments is not q_segments:  # cross-attention: the same examples on both sides
     count = jnp.minimum(q_segments.max(1), kv_segments.max(1))[:, None]
     q_segments, kv_segments = (jnp.where(x <= count, x, 0) for x in (q_segments, kv_segments))
   real = (q_segments > 0)[:, :, None, None]
@@ -355,12 +357,11 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
 
   def packed(mask_type):
     def attend(q, k, v, bias):
-      from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=import-outside-toplevel
       q_lengths, q_offsets = packed_segments(q_segments, most)
       kv_lengths, kv_offsets = packed_segments(kv_segments, most)
-      out = cudnn.dot_product_attention(
+      out = cudnn_attention.dot_product_attention(
           q, k, v, None if bias is None else bias.astype(q.dtype), None, q_lengths, kv_lengths,
-          q_offsets, kv_offsets, scale=1.0, mask_type=getattr(cudnn.MaskType, mask_type))
+          q_offsets, kv_offsets, scale=1.0, mask_type=getattr(cudnn_attention.MaskType, mask_type))
       return jnp.where(real, out, 0)
     return attend
 
