@@ -508,6 +508,12 @@ def mistakes() -> list[Case]:
       Case('export-damaged-checkpoint',
            lambda s: ['export', f'--workdir={s.damaged_run()}', f'--out={s.new}'],
            lambda s: f'{s.run}/checkpoints/2', 'new'),
+      # a run trained with cuDNN attention on a GPU, exported here (the line names the fix)
+      Case('export-cudnn-run-on-this-cpu',
+           lambda s: ['export', '--workdir=' + s.edit_json(s.run, 'config.json',
+                                                           ('model', 'attention'), 'cudnn'),
+                      f'--out={s.new}'],
+           '--config.model.attention=xla', 'new'),
       # infer
       Case('infer-max-decode-length-zero',
            lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--max_decode_length=0'],
@@ -772,6 +778,18 @@ def test_a_mistake_is_refused_in_one_line_and_changes_nothing(world, tmp_path, c
 def test_a_real_process_prints_one_line_and_exits_2(world, tmp_path, case):
   """As above, as a user runs it: nothing else on stderr (no oneDNN banner, no absl lines)."""
   check_refused(case, Setup(tmp_path, world), in_a_process)
+
+
+def test_a_cudnn_run_exports_on_this_cpu_with_xla_attention(world, tmp_path):
+  """What the refusal above says to do works: the same weights as the run's export."""
+  setup = Setup(tmp_path, world)
+  run = setup.edit_json(setup.run, 'config.json', ('model', 'attention'), 'cudnn')
+  assert cli.main(['export', f'--workdir={run}', f'--out={setup.new}',
+                   '--config.model.attention=xla']) == 0
+  for name in ('model.safetensors', 'config.json'):
+    with open(os.path.join(setup.new, name), 'rb') as ours, \
+         open(os.path.join(world.hf, name), 'rb') as before:
+      assert ours.read() == before.read(), name
 
 
 def test_there_are_at_least_60_mistakes_over_every_command():

@@ -153,7 +153,7 @@ def check_attention(model_cfg: ModelConfig, mesh) -> None:
     platform = mesh.devices.flat[0].platform
     if platform != 'gpu':
       raise ValueError(f"model.attention='cudnn' needs a GPU (the devices are {platform}); "
-                       "use 'xla' or 'einsum'")
+                       "use 'xla' or 'einsum' (--config.model.attention=xla)")
 
 
 def check_vocabulary(vocab: vocabulary.Vocabulary, model_cfg: ModelConfig, name: str) -> None:
