@@ -124,46 +124,53 @@ def measure_in_turn(names: list[str], length: int, examples: int, rounds: int,
   return rates
 
 
-def in_process_row(names: list[str], setting: str, args) -> dict:
-  """--in_process: one child measures every pipeline in turn; medians, and their ratios."""
+def child(names: list[str], setting: str, args, *flags: str) -> dict:
+  """What a child process measuring pipelines `names` printed; it is held to this one's first
+  core (sched_setaffinity, as taskset)."""
   core = sorted(os.sched_getaffinity(0))[:1]
   done = subprocess.run(
       [sys.executable, os.path.abspath(__file__), f'--child={",".join(names)}',
-       f'--settings={setting}', f'--examples={args.examples}', f'--repeats={args.repeats}',
-       '--in_process', *([f'--source={args.source}'] if args.source else [])],
-      stdout=subprocess.PIPE, text=True, check=True,
-      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
-      preexec_fn=lambda: os.sched_setaffinity(0, core))
-  child = json.loads(done.stdout.splitlines()[-1])
-  rates = child['rates']
-  medians = {name: statistics.median(values) for name, values in rates.items()}
-  row = {'bench': 'mixture_in_process', 'inputs_length': SETTINGS[setting],
-         'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
-         'examples': args.examples, 'rounds': args.repeats,
-         'examples_per_cpu_s': {name: round(rate, 1) for name, rate in medians.items()},
-         'ratio_to_single': {name: round(statistics.median(
-             r / s for r, s in zip(rates[name], rates['single'])), 3) for name in names[1:]}}
-  shares = ul2_rates()
-  if all(f'alone:{name}' in rates for name in shares):
-    free = [free_rate(shares, {name: rates[f'alone:{name}'][k] for name in shares})
-            for k in range(args.repeats)]
-    row['ul2_alone'] = round(statistics.median(free), 1)
-    row['ul2_mixing_ratio'] = round(statistics.median(
-        r / f for r, f in zip(rates['ul2'], free)), 3)
-  return {**row, 'cpu': machine(), 'load_avg_1m': child['load_avg_1m'],
-          'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}
-
-
-def run(name: str, setting: str, examples: int, source: str | None) -> dict:
-  """A child process held to this one's first core (sched_setaffinity, as taskset)."""
-  core = sorted(os.sched_getaffinity(0))[:1]
-  done = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), f'--child={name}', f'--settings={setting}',
-       f'--examples={examples}', *([f'--source={source}'] if source else [])],
+       f'--settings={setting}', f'--examples={args.examples}', *flags,
+       *([f'--source={args.source}'] if args.source else [])],
       stdout=subprocess.PIPE, text=True, check=True,
       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
       preexec_fn=lambda: os.sched_setaffinity(0, core))
   return json.loads(done.stdout.splitlines()[-1])
+
+
+def row_head(bench: str, setting: str, args) -> dict:
+  return {'bench': bench, 'inputs_length': SETTINGS[setting], 'targets_length': SETTINGS[setting],
+          'batch_size': 32, 'cores': 1, 'threads': 1, 'examples': args.examples}
+
+
+def ul2_free_rates(alone: dict[str, list[float]]) -> list[float]:
+  """free_rate of UL2 in each round (or run) k, from its denoisers' rates alone in that round
+  (`alone['alone:NAME'][k]`)."""
+  shares = ul2_rates()
+  rounds = len(alone[f'alone:{next(iter(shares))}'])
+  return [free_rate(shares, {name: alone[f'alone:{name}'][k] for name in shares})
+          for k in range(rounds)]
+
+
+def now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def in_process_row(names: list[str], setting: str, args) -> dict:
+  """--in_process: one child measures every pipeline in turn; medians, and their ratios."""
+  measured = child(names, setting, args, f'--repeats={args.repeats}', '--in_process')
+  rates = measured['rates']
+  row = {**row_head('mixture_in_process', setting, args), 'rounds': args.repeats,
+         'examples_per_cpu_s': {name: round(statistics.median(values), 1)
+                                for name, values in rates.items()},
+         'ratio_to_single': {name: round(statistics.median(
+             r / s for r, s in zip(rates[name], rates['single'])), 3) for name in names[1:]}}
+  if any(name.startswith('alone:') for name in names):
+    free = ul2_free_rates(rates)
+    row['ul2_alone'] = round(statistics.median(free), 1)
+    row['ul2_mixing_ratio'] = round(statistics.median(
+        r / f for r, f in zip(rates['ul2'], free)), 3)
+  return {**row, 'cpu': machine(), 'load_avg_1m': measured['load_avg_1m'], 'date': now()}
 
 
 def main():
@@ -200,13 +207,11 @@ def main():
   for repeat in range(args.repeats):  # interleaved, each time in the other order
     for name in pipelines if repeat % 2 == 0 else pipelines[::-1]:
       for setting in settings:  # each in a process of its own
-        runs[name].append(run(name, setting, args.examples, args.source))
-  date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+        runs[name].append(child([name], setting, args))
+  date = now()
   loads = [r['load_avg_1m'] for name in pipelines for r in runs[name]]
   for setting in settings:
-    row = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
-           'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
-           'examples': args.examples, 'repeats': args.repeats}
+    row = {**row_head('mixture', setting, args), 'repeats': args.repeats}
     measured = {name: [r[setting] for r in runs[name] if setting in r] for name in pipelines}
     for name in pipelines:
       row[name] = {key: round(statistics.median(r[key] for r in measured[name]), 3)
@@ -216,9 +221,8 @@ def main():
             r['examples_per_cpu_s'] / s['examples_per_cpu_s']
             for r, s in zip(measured[name], measured['single'])), 3) for name in PIPELINES[1:]}
     if args.alone:
-      shares = ul2_rates()
-      alone = [free_rate(shares, {name: measured[f'alone:{name}'][repeat]['examples_per_cpu_s']
-                                  for name in shares}) for repeat in range(args.repeats)]
+      alone = ul2_free_rates({name: [r['examples_per_cpu_s'] for r in measured[name]]
+                              for name in pipelines if name.startswith('alone:')})
       row['ul2_alone'] = {'examples_per_cpu_s': round(statistics.median(alone), 3),
                           **{name.removeprefix('alone:'): row.pop(name)['examples_per_cpu_s']
                              for name in pipelines if name.startswith('alone:')}}
