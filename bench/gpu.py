@@ -102,9 +102,9 @@ SWEEP = {
         {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'}]),
 }
 # The side by side runs t5lite as it is fastest (cuDNN attention: 1.65x the baseline's step on
-# an H100, 2026-11-26) at half the baseline batch: at 128, PyTorch's 41 GiB beside t5lite's
-# allocator pool ran out of an H100's 80 GB.
-SIDE_BY_SIDE = ({'model.attention': 'cudnn'}, 2)
+# an H100, 2026-11-26) at a quarter of the baseline batch: its three models live at once, and at
+# 64 PyTorch's two (53.5 GiB) beside t5lite's allocator pool ran out of an H100's 80 GB.
+SIDE_BY_SIDE = ({'model.attention': 'cudnn'}, 4)
 # On an H200 (2026-11-26) unrolled t5_1_1_base did not get through compiling in 79 s (nor in
 # 150 s with the HLO dump on) where scanned compiled within 42 s, and scanned without remat took
 # 96 GiB at batch 128 (XLA keeps every layer's intermediates; the analytic plan says 47);
@@ -248,43 +248,45 @@ def correctness() -> list[dict]:
 
 
 def check_attention_kernels() -> list[dict]:
-  """Every kernel against `einsum` with T5's bias and two packed examples plus padding; a kernel
-  that fails to compile or run is a row with its error, the others still compared."""
+  """Every kernel against `einsum` with T5's bias and two packed examples plus padding, in
+  encoder (bidirectional) and decoder (causal) self-attention; a kernel that fails to compile or
+  run is a row with its error, the others still compared."""
   cfg = config_lib.model_config(memorising('float32'))
   length, heads, d = 64, cfg.num_heads, cfg.d_kv
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, cotangent = (jax.random.normal(key, (2, length, heads, d)) for key in keys)
-  bias = RelativePositionBias(cfg, bidirectional=True, rngs=nnx.Rngs(1))(length, length)
   segments = jnp.array([[1] * 40 + [2] * 20 + [0] * 4, [1] * 64])
-  mask = attention_lib.attention_mask(length, segments > 0, query_segment_ids=segments,
-                                      key_segment_ids=segments)
   real = (segments > 0)[:, :, None, None]  # padding queries attend to nothing: left out
-
-  def outputs(implementation, dtype):
-    def loss(q, k, v, bias):
-      out = attention_lib.dot_product_attention(
-          q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask, bias=bias,
-          implementation=implementation)
-      return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0))
-    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
-    return [value, *grads]
-
   kernels = [('xla', jnp.float32, 1e-4)]
   if on_gpu():
     kernels += [('xla', jnp.bfloat16, 2e-2), ('cudnn', jnp.bfloat16, 2e-2)]
   row, passed = {'check': 'attention_kernels_agree'}, True
-  reference = {dtype: outputs('einsum', dtype) for dtype in {d for _, d, _ in kernels}}
-  for implementation, dtype, tolerance in kernels:
-    name = f'{implementation}_{jnp.dtype(dtype).name}'
-    try:
-      got = outputs(implementation, dtype)
-    except Exception as error:  # pylint: disable=broad-except  # e.g. cuDNN has no plan
-      row[name], passed = {'error': first_line(error)}, False
-      continue
-    errors = [float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-12))
-              for a, b in zip(got, reference[dtype])]
-    row[name] = dict(zip(('forward', 'd_query', 'd_key', 'd_value', 'd_bias'), errors))
-    passed &= max(errors) <= tolerance
+  for causal in (False, True):
+    bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=nnx.Rngs(1))(length, length)
+    mask = attention_lib.attention_mask(length, segments > 0, query_segment_ids=segments,
+                                        key_segment_ids=segments, causal=causal)
+
+    def outputs(implementation, dtype, mask=mask, bias=bias):
+      def loss(q, k, v, bias):
+        out = attention_lib.dot_product_attention(
+            q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask, bias=bias,
+            implementation=implementation)
+        return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0))
+      value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+      return [value, *grads]
+
+    reference = {dtype: outputs('einsum', dtype) for dtype in {d for _, d, _ in kernels}}
+    for implementation, dtype, tolerance in kernels:
+      name = f'{implementation}_{jnp.dtype(dtype).name}' + ('_causal' if causal else '')
+      try:
+        got = outputs(implementation, dtype)
+      except Exception as error:  # pylint: disable=broad-except  # e.g. cuDNN has no plan
+        row[name], passed = {'error': first_line(error)}, False
+        continue
+      errors = [float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-12))
+                for a, b in zip(got, reference[dtype])]
+      row[name] = dict(zip(('forward', 'd_query', 'd_key', 'd_value', 'd_bias'), errors))
+      passed &= max(errors) <= tolerance
   if not on_gpu():
     row['cudnn'] = 'not run: needs a GPU'
   return [{**row, 'pass': bool(passed)}]
@@ -352,23 +354,28 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
       jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None], bidirectional=not causal,
       num_buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
 
-  def bias_of(table):  # (buckets, h) -> (1, h, q, k), as RelativePositionBias computes it
+  # The masks, segments and cotangent are arguments of the jitted steps, not constants in them:
+  # XLA spent minutes constant-folding the decoder case's (on an H100, 2026-11-26).
+  layout = {'bucket': bucket, 'mask': mask, 'real': real, 'q_segments': q_segments,
+            'kv_segments': kv_segments, 'cotangent': cotangent}
+
+  def bias_of(table, bucket):  # (buckets, h) -> (1, h, q, k), as RelativePositionBias does
     return jnp.transpose(jnp.take(table, bucket, axis=0), (2, 0, 1))[None] if biased else None
 
   def packed(mask_type):
-    def attend(q, k, v, bias):
-      q_lengths, q_offsets = packed_segments(q_segments, most)
-      kv_lengths, kv_offsets = packed_segments(kv_segments, most)
+    def attend(q, k, v, bias, layout):
+      q_lengths, q_offsets = packed_segments(layout['q_segments'], most)
+      kv_lengths, kv_offsets = packed_segments(layout['kv_segments'], most)
       out = cudnn_attention.dot_product_attention(
           q, k, v, None if bias is None else bias.astype(q.dtype), None, q_lengths, kv_lengths,
           q_offsets, kv_offsets, scale=1.0, mask_type=getattr(cudnn_attention.MaskType, mask_type))
-      return jnp.where(real, out, 0)
+      return jnp.where(layout['real'], out, 0)
     return attend
 
   def public(implementation, masked=True, bias_used=True):
-    def attend(q, k, v, bias):
+    def attend(q, k, v, bias, layout):
       return attention_lib.dot_product_attention(
-          q, k, v, mask=mask if masked else jnp.ones((1, 1, 1, 1), bool),
+          q, k, v, mask=layout['mask'] if masked else jnp.ones((1, 1, 1, 1), bool),
           bias=bias if bias_used else None, implementation=implementation)
     return attend
 
@@ -382,9 +389,9 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
       candidates['cudnn_unmasked_no_bias'] = public('cudnn', masked=False, bias_used=False)
 
   def gradients(attend):
-    def loss(q, k, v, table):
-      out = attend(q, k, v, bias_of(table))
-      return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.))
+    def loss(q, k, v, table, layout):
+      out = attend(q, k, v, bias_of(table, layout['bucket']), layout)
+      return jnp.sum(jnp.where(layout['real'], out.astype(jnp.float32) * layout['cotangent'], 0.))
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
   def relative_error(a, b):
@@ -394,17 +401,17 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
     return float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-12))
 
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  reference = gradients(public('einsum'))(*f32, table)
+  reference = gradients(public('einsum'))(*f32, table, layout)
   for name, attend in candidates.items():
     row = {'bench': 'gpu_attention_speed', 'case': case, 'kernel': name, 'batch': batch,
            'q_len': q_len, 'kv_len': kv_len, 'heads': heads, 'dtype': jnp.dtype(dtype).name}
     try:
       step = gradients(attend)
-      value, grads = jax.block_until_ready(step(q, k, v, table))
+      value, grads = jax.block_until_ready(step(q, k, v, table, layout))
       seconds = []
       for i in range(args.warmup + args.steps):
         start = time.perf_counter()
-        jax.block_until_ready(step(q, k, v, table))
+        jax.block_until_ready(step(q, k, v, table, layout))
         if i >= args.warmup:
           seconds.append(time.perf_counter() - start)
       row['fwd_bwd_ms'] = round(1e3 * statistics.median(seconds), 3)
@@ -707,17 +714,18 @@ def jobs() -> list[Job]:
 
 
 def selected(patterns: str | None) -> list[Job]:
-  """The jobs whose names start with one of the comma-separated `patterns` (all if None), in
-  the patterns' order."""
+  """The jobs named by the comma-separated `patterns` (all if None), in the patterns' order: the
+  job of that name, else every job whose name starts with it."""
   every = jobs()
   if not patterns:
     return every
   chosen = []
   for pattern in patterns.split(','):
-    matches = [job for job in every if job.name.startswith(pattern) and job not in chosen]
+    matches = [job for job in every if job.name == pattern] or [
+        job for job in every if job.name.startswith(pattern)]
     if not matches:
       raise SystemExit(f'--jobs: no job starts with {pattern!r}; see --list')
-    chosen += matches
+    chosen += [job for job in matches if job not in chosen]
   return chosen
 
 
@@ -804,7 +812,8 @@ def log_tail(path: str, start: int, lines: int = 3) -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', help='a folder for gpu.jsonl, jobs.log and the profile archives')
-  parser.add_argument('--jobs', help='comma-separated job-name prefixes, in order (default all)')
+  parser.add_argument('--jobs', help='comma-separated job names or name prefixes, in order '
+                      '(default all)')
   parser.add_argument('--list', action='store_true', help='print the jobs and exit')
   parser.add_argument('--steps', type=int, default=10, help='timed steps per measurement')
   parser.add_argument('--warmup', type=int, default=3)

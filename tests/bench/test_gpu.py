@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
 
-JOBS = ('correctness', 'attention', 'profile', 'hf', 'speed:t5_tiny:baseline',
+JOBS = ('correctness', 'attention', 'attention_speed', 'profile', 'hf', 'speed:t5_tiny:baseline',
         'speed:t5_tiny:xla=maxtext', 'resume', 'plan')
 
 
@@ -63,6 +63,7 @@ def test_correctness_checks_pass_on_cpu(rows):
 
   kernels = checks['attention_kernels_agree']
   assert max(kernels['xla_float32'].values()) <= 1e-4
+  assert max(kernels['xla_float32_causal'].values()) <= 1e-4
   assert kernels['cudnn'] == 'not run: needs a GPU'
 
   greedy = checks['greedy_equals_transformers']
@@ -178,6 +179,18 @@ def test_every_speed_change_makes_a_valid_config():
       else:
         section, field = key.split('.')
         assert config[section][field] == value, (name, change)
+
+
+def test_jobs_are_chosen_by_name_else_by_prefix():
+  """A job's whole name picks it alone, though it prefixes others; a prefix picks every job it
+  starts; a name with commas (a change of several fields) is picked by a prefix."""
+  import gpu  # pylint: disable=import-outside-toplevel
+  names = [job.name for job in gpu.selected('attention,speed:t5_tiny:data,attention')]
+  assert names == ['attention', 'speed:t5_tiny:data.batch_size=8',
+                   'speed:t5_tiny:data.batch_size=2']
+  assert [job.name for job in gpu.selected('attention_')] == ['attention_speed']
+  with pytest.raises(SystemExit, match="--jobs: no job starts with 'nothing'"):
+    gpu.selected('nothing')
 
 
 def test_a_job_that_fails_costs_one_row_not_the_run(tmp_path):
