@@ -450,7 +450,8 @@ def variant_config(name: str, change: dict):
 
 
 def change_name(change: dict) -> str:
-  return ','.join(f'{k}={v}' for k, v in change.items()) or 'baseline'
+  """A change's fields joined by '+': no comma, so that `--jobs` takes any job's whole name."""
+  return '+'.join(f'{k}={v}' for k, v in change.items()) or 'baseline'
 
 
 def measure(config, steps: int, warmup: int) -> dict:

@@ -181,14 +181,17 @@ def test_every_speed_change_makes_a_valid_config():
         assert config[section][field] == value, (name, change)
 
 
-def test_jobs_are_chosen_by_name_else_by_prefix():
-  """A job's whole name picks it alone, though it prefixes others; a prefix picks every job it
-  starts; a name with commas (a change of several fields) is picked by a prefix."""
+def test_jobs_are_chosen_by_name_else_by_prefix(monkeypatch):
+  """A job's whole name picks it alone, though it prefixes others, and a prefix picks every job
+  it starts."""
   import gpu  # pylint: disable=import-outside-toplevel
   names = [job.name for job in gpu.selected('attention,speed:t5_tiny:data,attention')]
   assert names == ['attention', 'speed:t5_tiny:data.batch_size=8',
                    'speed:t5_tiny:data.batch_size=2']
   assert [job.name for job in gpu.selected('attention_')] == ['attention_speed']
+  monkeypatch.setattr(gpu, 'on_gpu', lambda: True)  # the GPU's sweep: changes of two fields
+  unrolled = 'speed:t5_1_1_base:model.attention=cudnn+model.scan_layers=False'
+  assert [job.name for job in gpu.selected(f'{unrolled},hf')] == [unrolled, 'hf']
   with pytest.raises(SystemExit, match="--jobs: no job starts with 'nothing'"):
     gpu.selected('nothing')
 
