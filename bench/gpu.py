@@ -260,26 +260,27 @@ def check_attention_kernels() -> list[dict]:
   kernels = [('xla', jnp.float32, 1e-4)]
   if on_gpu():
     kernels += [('xla', jnp.bfloat16, 2e-2), ('cudnn', jnp.bfloat16, 2e-2)]
+
+  def outputs(implementation, dtype, mask, bias):
+    def loss(q, k, v, bias):
+      out = attention_lib.dot_product_attention(
+          q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask, bias=bias,
+          implementation=implementation)
+      return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0))
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    return [value, *grads]
+
   row, passed = {'check': 'attention_kernels_agree'}, True
   for causal in (False, True):
     bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=nnx.Rngs(1))(length, length)
     mask = attention_lib.attention_mask(length, segments > 0, query_segment_ids=segments,
                                         key_segment_ids=segments, causal=causal)
-
-    def outputs(implementation, dtype, mask=mask, bias=bias):
-      def loss(q, k, v, bias):
-        out = attention_lib.dot_product_attention(
-            q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask, bias=bias,
-            implementation=implementation)
-        return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0))
-      value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
-      return [value, *grads]
-
-    reference = {dtype: outputs('einsum', dtype) for dtype in {d for _, d, _ in kernels}}
+    reference = {dtype: outputs('einsum', dtype, mask, bias)
+                 for dtype in {d for _, d, _ in kernels}}
     for implementation, dtype, tolerance in kernels:
       name = f'{implementation}_{jnp.dtype(dtype).name}' + ('_causal' if causal else '')
       try:
-        got = outputs(implementation, dtype)
+        got = outputs(implementation, dtype, mask, bias)
       except Exception as error:  # pylint: disable=broad-except  # e.g. cuDNN has no plan
         row[name], passed = {'error': first_line(error)}, False
         continue
