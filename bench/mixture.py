@@ -1,8 +1,8 @@
 """What mixing costs the input pipeline: examples per CPU-second of a 3-component mixture and of
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
-  .venv/bin/python bench/mixture.py [--examples=8192] [--repeats=3] [--settings=128,512]
-      [--alone] [--source=TEXT] [--in_process]
+  .venv/bin/python bench/mixture.py [--examples=2048] [--rounds=15] [--settings=128,512]
+      [--alone] [--source=TEXT]
 
 All read the bundled corpus, or --source (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
@@ -15,15 +15,16 @@ inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
   corruption's (at 512: 654 raw tokens a row on average, not 568, and X's targets 506 tokens,
   not 114), so `ul2_alone` is the rate UL2 would have if mixing cost nothing (each denoiser's time
   per example weighted by its rate) and `ul2_mixing_ratio` UL2's rate over it.
-Each run is a child process of one pipeline at one setting, held to one core with one tf.data
-thread (the steadiest measure on a shared machine). Runs alternate between pipelines, each repeat
-in the other order; each line has every pipeline's medians over --repeats runs and the median
-ratio to `single` of the runs made side by side. Rates are counted after WARMUP_BATCHES batches.
 
-With --in_process, every pipeline (and `ul2_span`: UL2's six span-corruption denoisers alone, its
-first chain) is built in one child process instead, without tf.data's prefetch or parallel maps
-(so that none works ahead while another is timed), and they are timed --repeats rounds in turn:
-runs minutes apart differ by up to 20% on a shared machine, rounds seconds apart less.
+How: paired rounds. Each pipeline runs as it trains (parallel maps, prefetch, one tf.data
+thread) in a child process of its own, every child held to this process's first core. All are
+started and warmed up (WARMUP_BATCHES), then stopped (SIGSTOP); in each of --rounds rounds, each
+child in turn is continued, reads --examples rows and is stopped again, so the pipelines are
+timed seconds apart and never beside each other. A round's rate is its rows over the child's CPU
+time since its last round ended (the work it did ahead then is counted with the rows it made).
+Each line has the medians over rounds and the median of each round's ratio to `single`: on a
+shared machine, runs of one pipeline minutes apart differ by 20% and more, and one process per
+run cannot see a 10% difference.
 """
 
 import argparse
@@ -31,6 +32,7 @@ import collections
 import datetime
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,8 +56,6 @@ def pipeline_data(name: str, length: int, source: str | None = None):
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
   if name.startswith('alone:'):
     data = mixture.component_data(data, name.removeprefix('alone:'))
-  elif name == 'ul2_span':  # UL2 without its prefix LM (S): one tf.data chain
-    del data.mixture['s']
   elif name != 'ul2':
     data.mixture = ml_collections.ConfigDict()
   if name == 'mixture':
@@ -80,71 +80,85 @@ def free_rate(shares: dict[str, float], alone: dict[str, float]) -> float:
   return 1 / sum(share / alone[name] for name, share in shares.items())
 
 
-def measure(name: str, length: int, examples: int, source: str | None) -> dict:
-  """Rates after WARMUP_BATCHES (tf.data's buffers filled, its autotuning settled)."""
+def serve(name: str, length: int, examples: int, source: str | None) -> None:
+  """A child: builds pipeline `name`, warms it up, says how long that took; then, for each line
+  on stdin, reads `examples` rows and prints its CPU time so far (all its threads)."""
   from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
   tic = time.perf_counter()
   batches = batches_lib.make_batches(pipeline_data(name, length, source), 'train', process_index=0,
                                      process_count=1)
-  next(batches)
-  startup = time.perf_counter() - tic
   for _ in range(WARMUP_BATCHES):
     next(batches)
-  tic, cpu = time.perf_counter(), time.process_time()
-  rows = 0
-  while rows < examples:
-    rows += len(next(batches)['encoder_input_tokens'])
-  seconds, cpu_seconds = time.perf_counter() - tic, time.process_time() - cpu
-  return {'examples_per_s': rows / seconds, 'examples_per_cpu_s': rows / cpu_seconds,
-          'startup_s': startup}
+  print(json.dumps({'startup_s': time.perf_counter() - tic, 'cpu_s': time.process_time()}),
+        flush=True)
+  for _ in sys.stdin:
+    rows = 0
+    while rows < examples:
+      rows += len(next(batches)['encoder_input_tokens'])
+    print(json.dumps({'rows': rows, 'cpu_s': time.process_time()}), flush=True)
 
 
-def measure_in_turn(names: list[str], length: int, examples: int, rounds: int,
-                    source: str | None) -> dict[str, list[float]]:
-  """Examples per CPU-second of each pipeline, `rounds` times, timed in turn in this process;
-  built without prefetch or parallel maps, so that only the timed one computes."""
-  from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
-  from t5lite.data.tf_setup import tf  # pylint: disable=import-outside-toplevel
-  sequential_map = tf.data.Dataset.map
-  tf.data.Dataset.prefetch = lambda self, *args, **kwargs: self
-  tf.data.Dataset.map = lambda self, fn, *args, **kwargs: sequential_map(self, fn)
-  pipelines = {name: batches_lib.make_batches(pipeline_data(name, length, source), 'train',
-                                              process_index=0, process_count=1)
-               for name in names}
-  for batches in pipelines.values():
-    for _ in range(WARMUP_BATCHES):
-      next(batches)
-  rates = collections.defaultdict(list)
-  for repeat in range(rounds):
-    for name in names if repeat % 2 == 0 else names[::-1]:
-      cpu, rows = time.process_time(), 0
-      while rows < examples:
-        rows += len(next(pipelines[name])['encoder_input_tokens'])
-      rates[name].append(rows / (time.process_time() - cpu))
-  return rates
+class Child:
+  """One pipeline's child process, held to `core`, stopped (SIGSTOP) but while it reads."""
+
+  def __init__(self, name: str, setting: str, args, core: set[int]):
+    self.process = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), f'--child={name}', f'--settings={setting}',
+         f'--examples={args.examples}', *([f'--source={args.source}'] if args.source else [])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
+        preexec_fn=lambda: os.sched_setaffinity(0, core))
+
+  def ready(self) -> float:
+    """Waits for the warm-up; stops the child; its start-up seconds."""
+    said = self.answer()
+    self.cpu_s = said['cpu_s']
+    os.kill(self.process.pid, signal.SIGSTOP)
+    return said['startup_s']
+
+  def round(self) -> float:
+    """Rows per CPU-second of one round."""
+    os.kill(self.process.pid, signal.SIGCONT)
+    self.process.stdin.write('\n')
+    self.process.stdin.flush()
+    said = self.answer()
+    os.kill(self.process.pid, signal.SIGSTOP)
+    rate = said['rows'] / (said['cpu_s'] - self.cpu_s)
+    self.cpu_s = said['cpu_s']
+    return rate
+
+  def answer(self) -> dict:
+    line = self.process.stdout.readline()
+    if not line:
+      raise RuntimeError(f'a child exited with status {self.process.wait()}')
+    return json.loads(line)
+
+  def close(self):
+    if self.process.poll() is None:
+      os.kill(self.process.pid, signal.SIGCONT)
+      self.process.stdin.close()
+    self.process.wait()
 
 
-def child(names: list[str], setting: str, args, *flags: str) -> dict:
-  """What a child process measuring pipelines `names` printed; it is held to this one's first
-  core (sched_setaffinity, as taskset)."""
-  core = sorted(os.sched_getaffinity(0))[:1]
-  done = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), f'--child={",".join(names)}',
-       f'--settings={setting}', f'--examples={args.examples}', *flags,
-       *([f'--source={args.source}'] if args.source else [])],
-      stdout=subprocess.PIPE, text=True, check=True,
-      env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'},
-      preexec_fn=lambda: os.sched_setaffinity(0, core))
-  return json.loads(done.stdout.splitlines()[-1])
-
-
-def row_head(bench: str, setting: str, args) -> dict:
-  return {'bench': bench, 'inputs_length': SETTINGS[setting], 'targets_length': SETTINGS[setting],
-          'batch_size': 32, 'cores': 1, 'threads': 1, 'examples': args.examples}
+def paired_rounds(names: list[str], setting: str, args) -> tuple[dict, dict, list[float]]:
+  """({name: its rate in each round}, {name: start-up seconds}, the load average at each round)."""
+  core = set(sorted(os.sched_getaffinity(0))[:1])
+  children = {name: Child(name, setting, args, core) for name in names}
+  try:
+    startup = {name: round(child.ready(), 2) for name, child in children.items()}
+    rates, loads = collections.defaultdict(list), []
+    for k in range(args.rounds):  # each round in the other order
+      for name in names if k % 2 == 0 else names[::-1]:
+        rates[name].append(children[name].round())
+      loads.append(os.getloadavg()[0])
+  finally:
+    for child in children.values():
+      child.close()
+  return rates, startup, loads
 
 
 def ul2_free_rates(alone: dict[str, list[float]]) -> list[float]:
-  """free_rate of UL2 in each round (or run) k, from its denoisers' rates alone in that round
+  """free_rate of UL2 in each round k, from its denoisers' rates alone in that round
   (`alone['alone:NAME'][k]`)."""
   shares = ul2_rates()
   rounds = len(alone[f'alone:{next(iter(shares))}'])
@@ -152,84 +166,44 @@ def ul2_free_rates(alone: dict[str, list[float]]) -> list[float]:
           for k in range(rounds)]
 
 
-def now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+def median_ratio(rates: list[float], to: list[float]) -> float:
+  return round(statistics.median(r / t for r, t in zip(rates, to)), 3)
 
 
-def in_process_row(names: list[str], setting: str, args) -> dict:
-  """--in_process: one child measures every pipeline in turn; medians, and their ratios."""
-  measured = child(names, setting, args, f'--repeats={args.repeats}', '--in_process')
-  rates = measured['rates']
-  row = {**row_head('mixture_in_process', setting, args), 'rounds': args.repeats,
-         'examples_per_cpu_s': {name: round(statistics.median(values), 1)
-                                for name, values in rates.items()},
-         'ratio_to_single': {name: round(statistics.median(
-             r / s for r, s in zip(rates[name], rates['single'])), 3) for name in names[1:]}}
-  if any(name.startswith('alone:') for name in names):
+def row(names: list[str], setting: str, args) -> dict:
+  """One setting's line: every pipeline timed in paired rounds; medians, and their ratios."""
+  rates, startup, loads = paired_rounds(names, setting, args)
+  line = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
+          'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
+          'examples': args.examples, 'rounds': args.rounds,
+          'examples_per_cpu_s': {name: round(statistics.median(rates[name]), 1)
+                                 for name in names},
+          'ratio_to_single': {name: median_ratio(rates[name], rates['single'])
+                              for name in PIPELINES[1:]}}
+  if args.alone:
     free = ul2_free_rates(rates)
-    row['ul2_alone'] = round(statistics.median(free), 1)
-    row['ul2_mixing_ratio'] = round(statistics.median(
-        r / f for r, f in zip(rates['ul2'], free)), 3)
-  return {**row, 'cpu': machine(), 'load_avg_1m': measured['load_avg_1m'], 'date': now()}
+    line['ul2_alone'] = round(statistics.median(free), 1)
+    line['ul2_mixing_ratio'] = median_ratio(rates['ul2'], free)
+  return {**line, 'startup_s': startup, 'cpu': machine(), 'load_avg_1m': [min(loads), max(loads)],
+          'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--examples', type=int, default=8192, help='timed, per setting and run')
-  parser.add_argument('--repeats', type=int, default=3, help='runs of each pipeline')
+  parser.add_argument('--examples', type=int, default=2048, help='rows a pipeline reads a round')
+  parser.add_argument('--rounds', type=int, default=15)
   parser.add_argument('--settings', default=','.join(SETTINGS), help='of ' + ','.join(SETTINGS))
   parser.add_argument('--source', help='the text every pipeline reads (default: the bundled '
-                      'corpus, which each run tokenizes at start-up)')
+                      'corpus, which each child tokenizes at start-up)')
   parser.add_argument('--alone', action='store_true', help="also each UL2 denoiser alone")
-  parser.add_argument('--in_process', action='store_true',
-                      help='every pipeline in one process, timed in turn (see above)')
-  parser.add_argument('--child', help=argparse.SUPPRESS)  # a pipeline's name(s)
+  parser.add_argument('--child', help=argparse.SUPPRESS)  # the pipeline a child serves
   args = parser.parse_args()
-  settings = args.settings.split(',')
-  pipelines = (PIPELINES + (('ul2_span',) if args.in_process else ())
-               + (tuple(f'alone:{name}' for name in ul2_rates()) if args.alone else ()))
-  if args.child and args.in_process:
-    [setting] = settings
-    rates = measure_in_turn(args.child.split(','), SETTINGS[setting], args.examples,
-                            args.repeats, args.source)
-    print(json.dumps({'load_avg_1m': os.getloadavg()[0], 'rates': rates}))
-    return
-  if args.in_process:
-    for setting in settings:
-      print(json.dumps(in_process_row(list(pipelines), setting, args)), flush=True)
-    return
   if args.child:
-    print(json.dumps({'load_avg_1m': os.getloadavg()[0], **{
-        setting: measure(args.child, SETTINGS[setting], args.examples, args.source)
-        for setting in settings}}))
+    serve(args.child, SETTINGS[args.settings], args.examples, args.source)
     return
-  runs = collections.defaultdict(list)
-  for repeat in range(args.repeats):  # interleaved, each time in the other order
-    for name in pipelines if repeat % 2 == 0 else pipelines[::-1]:
-      for setting in settings:  # each in a process of its own
-        runs[name].append(child([name], setting, args))
-  date = now()
-  loads = [r['load_avg_1m'] for name in pipelines for r in runs[name]]
-  for setting in settings:
-    row = {**row_head('mixture', setting, args), 'repeats': args.repeats}
-    measured = {name: [r[setting] for r in runs[name] if setting in r] for name in pipelines}
-    for name in pipelines:
-      row[name] = {key: round(statistics.median(r[key] for r in measured[name]), 3)
-                   for key in ('examples_per_cpu_s', 'examples_per_s', 'startup_s')}
-    row['ratio_to_single'] = {
-        name: round(statistics.median(
-            r['examples_per_cpu_s'] / s['examples_per_cpu_s']
-            for r, s in zip(measured[name], measured['single'])), 3) for name in PIPELINES[1:]}
-    if args.alone:
-      alone = ul2_free_rates({name: [r['examples_per_cpu_s'] for r in measured[name]]
-                              for name in pipelines if name.startswith('alone:')})
-      row['ul2_alone'] = {'examples_per_cpu_s': round(statistics.median(alone), 3),
-                          **{name.removeprefix('alone:'): row.pop(name)['examples_per_cpu_s']
-                             for name in pipelines if name.startswith('alone:')}}
-      row['ul2_mixing_ratio'] = round(statistics.median(
-          r['examples_per_cpu_s'] / a for r, a in zip(measured['ul2'], alone)), 3)
-    row.update(cpu=machine(), load_avg_1m=[min(loads), max(loads)], date=date)
-    print(json.dumps(row), flush=True)
+  names = list(PIPELINES) + ([f'alone:{name}' for name in ul2_rates()] if args.alone else [])
+  for setting in args.settings.split(','):
+    print(json.dumps(row(names, setting, args)), flush=True)
 
 
 if __name__ == '__main__':

@@ -43,33 +43,28 @@ def test_mixing_for_free_weighs_each_components_time_per_example_by_its_share():
   assert shares['r_3_15'] == pytest.approx(0.2) and shares['x_64_50'] == pytest.approx(0.1)
 
 
+def test_ul2_for_free_is_computed_round_by_round_from_its_denoisers_alone():
+  import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
+  shares = mixture.ul2_rates()
+  alone = {f'alone:{name}': [100.0, 200.0] for name in shares}  # every denoiser: 100, then 200
+  alone['alone:s'] = [400.0, 400.0]
+  # round 0: 80% of the rows at 100 a second, 20% at 400: 1 / (0.8 / 100 + 0.2 / 400) = 117.6
+  assert mixture.ul2_free_rates(alone) == pytest.approx([1 / (0.8 / 100 + 0.2 / 400),
+                                                         1 / (0.8 / 200 + 0.2 / 400)])
+
+
 @pytest.mark.slow  # three child processes, each importing TensorFlow
-def test_the_bench_prints_a_line_per_setting_with_its_ratios(tmp_path):
+def test_the_pipelines_are_timed_in_paired_rounds_and_every_line_has_its_ratios(tmp_path):
   source = texts.random_corpus(tmp_path / 'corpus.txt')  # not the bundled corpus's seconds a run
   done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'mixture.py'), '--examples=64',
-                         '--repeats=1', '--settings=128', f'--source={source}'],
+                         '--rounds=3', '--settings=128', f'--source={source}'],
                         cwd=ROOT, capture_output=True, text=True, timeout=900, check=True)
   [line] = done.stdout.splitlines()
   row = json.loads(line)
-  assert row['bench'] == 'mixture' and row['inputs_length'] == 128 and row['repeats'] == 1
-  for name in ('single', 'mixture', 'ul2'):
-    assert row[name]['examples_per_cpu_s'] > 0 and row[name]['startup_s'] > 0
-  for name in ('mixture', 'ul2'):
-    expected = row[name]['examples_per_cpu_s'] / row['single']['examples_per_cpu_s']
-    assert row['ratio_to_single'][name] == pytest.approx(expected, abs=2e-3)
-
-
-@pytest.mark.slow  # one child process building nine pipelines
-def test_in_process_the_pipelines_are_timed_in_turn_with_ul2s_span_chain(tmp_path):
-  source = texts.random_corpus(tmp_path / 'corpus.txt')
-  done = subprocess.run([sys.executable, str(ROOT / 'bench' / 'mixture.py'), '--in_process',
-                         '--examples=64', '--repeats=2', '--settings=128', f'--source={source}'],
-                        cwd=ROOT, capture_output=True, text=True, timeout=900, check=True)
-  [line] = done.stdout.splitlines()
-  row = json.loads(line)
-  assert row['bench'] == 'mixture_in_process' and row['rounds'] == 2
-  assert list(row['examples_per_cpu_s']) == ['single', 'mixture', 'ul2', 'ul2_span']
-  assert all(rate > 0 for rate in row['examples_per_cpu_s'].values())
-  assert list(row['ratio_to_single']) == ['mixture', 'ul2', 'ul2_span']
-  assert all(0 < ratio < 10 for ratio in row['ratio_to_single'].values())
+  assert row['bench'] == 'mixture' and row['inputs_length'] == 128 and row['rounds'] == 3
+  assert list(row['examples_per_cpu_s']) == ['single', 'mixture', 'ul2']
+  assert all(100 < rate < 100_000 for rate in row['examples_per_cpu_s'].values())
+  assert all(0 < seconds < 600 for seconds in row['startup_s'].values())
+  assert list(row['ratio_to_single']) == ['mixture', 'ul2']
+  assert all(0.1 < ratio < 10 for ratio in row['ratio_to_single'].values())
   assert 'ul2_mixing_ratio' not in row  # the denoisers alone: with --alone
