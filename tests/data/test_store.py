@@ -24,6 +24,7 @@ from t5lite.data import store
 from t5lite.data import vocabulary
 from tests.fs import changes, snapshot
 from tests.test_cli_mistakes import DISK_MIB, small_disk  # pylint: disable=unused-import
+from tests.train.test_loop import SMALL, metrics, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDS = ('the whale ship sea captain mind letter house sister ball dance carriage harpoon '
@@ -311,11 +312,11 @@ def test_a_store_missing_a_part_or_cut_short_is_refused_in_one_line(corpus, tmp_
 
 def test_a_run_with_another_vocabulary_is_refused_before_anything_is_written(
     bundled_store, tmp_path, capsys):
+  """t5_tiny shrunk (test_loop.SMALL): the run initialises its model before it reads data."""
   (tmp_path / 'text.txt').write_text('\n\n'.join(documents(200, seed=4)))
   model = vocabulary.train_tokenizer(str(tmp_path / 'text.txt'), 80, str(tmp_path / 'vocab'))
-  status = cli.main(['train', f'--workdir={tmp_path / "run"}',
-                     f'--config={ROOT}/configs/t5_tiny.py', f'--config.data.source={bundled_store}',
-                     f'--config.data.vocabulary={model}'])
+  status = train(tmp_path / 'run', f'--config.data.source={bundled_store}',
+                 f'--config.data.vocabulary={model}')
   err = capsys.readouterr().err
   assert status == 2 and len(err.splitlines()) == 1, err
   assert "was prepared with the vocabulary 'bundled'" in err
@@ -357,17 +358,17 @@ def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path,
     assert (out / name).read_bytes() == (tmp_path / 'clean' / name).read_bytes(), name
 
 
-@pytest.mark.slow  # three training processes: about a minute on 2 cores
+@pytest.mark.slow  # two training processes and one run here: about a minute on 2 cores
 def test_training_from_a_store_killed_and_resumed_is_bitwise_the_uninterrupted_run(
     bundled_store, tmp_path):
-  from test_loop import SMALL, metrics  # pylint: disable=import-outside-toplevel
-  flags = [*SMALL, f'--config.data.source={bundled_store}', '--config.train.steps=8',
+  """The uninterrupted run in this process; the killed one and its restart are processes of as
+  many (fake) devices, which therefore compute alike and share its compiled step."""
+  flags = [f'--config.data.source={bundled_store}', '--config.train.steps=8',
            '--config.checkpoint.every_steps=2']
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
 
-  def train(workdir, kill_after=None):
+  def launch(workdir, kill_after=None):
     process = subprocess.Popen([sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}',
-                                *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                *SMALL, *flags], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:
       if kill_after and line.startswith(f'step {kill_after}/'):
@@ -375,9 +376,9 @@ def test_training_from_a_store_killed_and_resumed_is_bitwise_the_uninterrupted_r
         break
     return process.wait(timeout=300)
 
-  assert train(tmp_path / 'straight') == 0
-  assert train(tmp_path / 'killed', kill_after=5) == -signal.SIGKILL
-  assert train(tmp_path / 'killed') == 0
+  assert train(tmp_path / 'straight', *flags) == 0
+  assert launch(tmp_path / 'killed', kill_after=5) == -signal.SIGKILL
+  assert launch(tmp_path / 'killed') == 0
   straight, resumed = metrics(tmp_path / 'straight'), metrics(tmp_path / 'killed')
   assert sorted(straight) == sorted(resumed) == list(range(1, 9))
   assert [straight[s]['loss'] for s in straight] == [resumed[s]['loss'] for s in straight]

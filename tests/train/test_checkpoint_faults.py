@@ -2,8 +2,11 @@
 mesh and device count, a damaged checkpoint, an unwritable workdir, the Hugging Face round trip.
 
 The killed runs are subprocesses on 1 fake device with asynchronous saves (what a user gets);
-they share a persistent compilation cache, so a restart skips most of the compile. The mesh and
-workdir tests run in this process on the 8 fake devices of tests/conftest.py.
+they share the session's persistent compilation cache, so a restart skips most of the compile.
+The mesh and workdir tests run in this process on the 8 fake devices of tests/conftest.py. Every
+run here reads synthetic batches: what is checked is the checkpoints, not the text pipeline (a
+resumed text pipeline is tests/train/test_loop.py's and tests/data/test_store.py's), and a
+process that reads no text never imports TensorFlow.
 """
 
 import json
@@ -32,25 +35,17 @@ from t5lite.data import vocabulary
 from t5lite.models import EncoderDecoder
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import run as run_lib
-from test_loop import ROOT, SMALL, metrics, saved_params, train
+from test_loop import ROOT, SMALL, metrics, one_device_env, saved_params, train
 from tests.fs import acting_as, snapshot
 
 TMP_SUFFIX = '.orbax-checkpoint-tmp'  # orbax writes step N here and renames it to N when complete
+SYNTHETIC = '--config.data.source=synthetic'
 STEPS, EVERY = 12, 2
-KILLED_RUN = [*SMALL, f'--config.train.steps={STEPS}', f'--config.checkpoint.every_steps={EVERY}',
-              '--config.checkpoint.async_save=true']
+KILLED_RUN = [*SMALL, SYNTHETIC, f'--config.train.steps={STEPS}',
+              f'--config.checkpoint.every_steps={EVERY}', '--config.checkpoint.async_save=true']
 STEP_LINE = re.compile(r'step (\d+)/')
 MESH_222 = ['--config.mesh.data=2', '--config.mesh.fsdp=2', '--config.mesh.tensor=2']
 MESH_421 = ['--config.mesh.data=4', '--config.mesh.fsdp=2', '--config.mesh.tensor=1']
-
-
-def one_device_env(compile_cache=None) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=1')
-  if compile_cache:
-    env.update(JAX_COMPILATION_CACHE_DIR=str(compile_cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  return env
 
 
 def complete_steps(workdir) -> list[int]:
@@ -58,13 +53,13 @@ def complete_steps(workdir) -> list[int]:
                 if name.isdigit())
 
 
-def launch(workdir, compile_cache, kill=None) -> dict:
+def launch(workdir, kill=None) -> dict:
   """Runs `t5lite train` on 1 device to the end, or SIGKILLs it at `kill`: ('step', k) right
   after it prints step k (or a later one), ('save', s) while the save of step s (or a later
   one) is writing the train state's arrays. Returns what happened."""
   process = subprocess.Popen(
       [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *KILLED_RUN], cwd=ROOT,
-      env=one_device_env(compile_cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
   printed, output = [], []
 
@@ -106,23 +101,18 @@ def writing_state(workdir, from_step: int) -> int | None:
 
 
 @pytest.fixture(scope='module')
-def compile_cache(tmp_path_factory):
-  return tmp_path_factory.mktemp('jax_cache')
-
-
-@pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory, compile_cache):
+def uninterrupted(tmp_path_factory):
   """The same run as the killed ones, never stopped."""
   workdir = tmp_path_factory.mktemp('uninterrupted')
-  assert launch(workdir, compile_cache)['last'] == STEPS
+  assert launch(workdir)['last'] == STEPS
   return workdir
 
 
-def kill_and_resume(workdir, compile_cache, kill) -> dict:
+def kill_and_resume(workdir, kill) -> dict:
   """One killed launch, checked: a kill inside a save leaves that step incomplete (only its
   temporary directory), and what a restart resumes from is the latest complete step."""
   before = complete_steps(workdir) if os.path.isdir(os.path.join(workdir, 'checkpoints')) else []
-  result = launch(workdir, compile_cache, kill)
+  result = launch(workdir, kill)
   assert result['killed'], f'the run ended before {kill}'
   listing = os.listdir(os.path.join(workdir, 'checkpoints'))
   if result['in_save'] is not None:
@@ -154,8 +144,7 @@ def assert_one_row_per_step_and_no_leftovers(workdir) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_gives_the_uninterrupted_result(
-    tmp_path, compile_cache, uninterrupted):
+def test_sigkill_at_random_points_gives_the_uninterrupted_result(tmp_path, uninterrupted):
   seed = 20261122  # change to explore other points; the test prints the ones it used
   rng = random.Random(seed)
   points = sorted(rng.sample(range(2, STEPS), 3))
@@ -164,12 +153,12 @@ def test_sigkill_at_random_points_gives_the_uninterrupted_result(
   print(f'seed {seed}: kill points {plan}')
   resume_from = 0
   for kill in plan:
-    result = kill_and_resume(tmp_path, compile_cache, kill)
+    result = kill_and_resume(tmp_path, kill)
     assert result['first'] == resume_from + 1
     resume_from = result['resume_from']
     if kill[0] == 'save':  # Orbax starts a save only once the one before it is complete
       assert result['in_save'] >= kill[1] and resume_from == result['in_save'] - EVERY
-  final = launch(tmp_path, compile_cache)
+  final = launch(tmp_path)
   assert final['first'] == resume_from + 1 and final['last'] == STEPS
   # The killed run's lock was left behind; the restart took it over and removed it at the end.
   assert re.search(rf'^taking over the lock of {tmp_path} left by pid \d+ on host .* '
@@ -212,7 +201,7 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def trained_222(tmp_path_factory):
   """3 steps on the 8 devices as data=2, fsdp=2, tensor=2; checkpoints at steps 2 and 3."""
   workdir = tmp_path_factory.mktemp('mesh_222')
-  assert train(workdir, *MESH_222, '--config.train.steps=3',
+  assert train(workdir, SYNTHETIC, *MESH_222, '--config.train.steps=3',
                '--config.checkpoint.every_steps=2') == 0
   return str(workdir)
 
@@ -282,9 +271,10 @@ def test_a_damaged_checkpoint_is_named_in_one_line_and_left_alone(trained_222, t
 
 
 def test_resuming_another_model_shape_changes_nothing(trained_222, tmp_path, capsys):
+  """Refused though steps are left to train, before anything is written."""
   workdir = copy_until(trained_222, 3, tmp_path / 'run')
   before = snapshot(workdir)
-  assert train(workdir, '--config.model.d_ff=256') == 2
+  assert train(workdir, '--config.model.d_ff=256', '--config.train.steps=4') == 2
   assert 'holds a checkpoint of another model (d_ff 128 vs 256)' in one_line_error(capsys)
   assert snapshot(workdir) == before  # config.json included: it keeps the checkpoints' model
 
@@ -330,7 +320,8 @@ def test_parameters_of_another_layout_are_refused_in_one_line(trained_222, tmp_p
 def test_an_unwritable_workdir_is_refused_in_one_line(trained_222, capsys):
   """The user's own workdir made read-only (chmod 0o500) and a new one under a read-only parent.
   As root, the same as the user `nobody`: the workdir is given to it, the way a user owns theirs
-  (its files stay writable: only the workdir itself is not)."""
+  (its files stay writable: only the workdir itself is not). Runs as trained_222 (its compiled
+  step is reused): the refusal comes only after the step is compiled."""
   user = pwd.getpwnam('nobody') if os.geteuid() == 0 else None
   base = tempfile.mkdtemp()  # not under tmp_path, which `nobody` cannot enter
   try:
@@ -345,7 +336,7 @@ def test_an_unwritable_workdir_is_refused_in_one_line(trained_222, capsys):
     before = snapshot(workdir)
     for target in (workdir, os.path.join(read_only_parent, 'run')):
       with acting_as(user):
-        code = train(target, '--config.train.steps=4')
+        code = train(target, SYNTHETIC, *MESH_222, '--config.train.steps=4')
       assert code == 2
       assert f'cannot write to workdir {target}: Permission denied' in one_line_error(capsys)
     assert snapshot(workdir) == before and not os.listdir(read_only_parent)
@@ -359,7 +350,10 @@ def test_export_then_import_hf_starts_a_run_with_the_same_weights(trained_222, t
   """Round trip through the CLI. That transformers gives our logits from the exported folder is
   tests/export/test_hf.py::test_export_matches_transformers."""
   hf_dir, workdir = tmp_path / 'hf', tmp_path / 'imported'
-  run_flags = [f for f in SMALL if not f.startswith(('--config=', '--config.model.'))]
+  # trained_222's run settings but its model's (t5_tiny's warmup, the same mesh): the imported
+  # run then loads the step trained_222 compiled from the persistent cache.
+  run_flags = [SYNTHETIC, *MESH_222, '--config.optim.warmup_steps=500',
+               *(f for f in SMALL if not f.startswith(('--config=', '--config.model.')))]
   assert cli.main(['export', f'--workdir={trained_222}', f'--out={hf_dir}']) == 0
   bundled = vocabulary.load_vocabulary('bundled')
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)

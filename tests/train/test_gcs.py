@@ -41,6 +41,7 @@ def cwd(tmp_path_factory):
 def t5lite(gcs, cwd, *args) -> subprocess.Popen:
   """A command started with the emulator's environment and 1 CPU device."""
   env = dict(os.environ, **gcs.env, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2',
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              XLA_FLAGS='--xla_force_host_platform_device_count=1')
   return subprocess.Popen([sys.executable, '-m', 't5lite', *args], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
