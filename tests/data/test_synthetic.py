@@ -92,7 +92,8 @@ sys.modules['tensorflow'] = None  # `import tensorflow` raises ImportError from 
 from t5lite import cli
 workdir, tiny = sys.argv[1:]
 flags = ['--config=' + tiny, '--config.data.source=synthetic', '--config.data.batch_size=8',
-         '--config.data.inputs_length=32', '--config.data.targets_length=8']
+         '--config.data.inputs_length=32', '--config.data.targets_length=8',
+         '--config.model.num_encoder_layers=1', '--config.model.num_decoder_layers=1']
 statuses = [
     cli.main(['train', '--workdir=' + workdir, *flags, '--config.train.steps=3',
               '--config.train.log_every=1', '--config.train.eval_every=3',
@@ -108,8 +109,9 @@ print(json.dumps({'statuses': statuses, 'tensorflow_modules': loaded}))
 
 def test_train_eval_plan_and_data_run_with_tensorflow_blocked(tmp_path):
   workdir = tmp_path / 'run'
+  one_device = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
   out = subprocess.run([sys.executable, '-c', BLOCKED, str(workdir), TINY], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+                       env=one_device, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
   assert json.loads(lines[-1]) == {'statuses': [0, 0, 0, 0], 'tensorflow_modules': []}, (

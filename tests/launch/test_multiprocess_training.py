@@ -1,6 +1,9 @@
 """Two JAX processes of two devices each, real `t5lite train` processes through launch/local.py:
 SIGTERM to one stops both after the same step, saved once; the run resumes bitwise in two
 processes, and its checkpoint in one process of four devices, which trains as the two do.
+Synthetic batches: what is tested is the stop and the checkpoint, and a process that reads no
+text never imports TensorFlow (the text pipeline's shares of a batch on any process count are
+tests/data/test_pipeline.py's).
 
 The runs share a persistent compilation cache, so each run after the first skips most of the
 compile.
@@ -26,7 +29,7 @@ FLAGS = ['--config=' + os.path.join(ROOT, 'configs', 't5_tiny.py'),
          '--config.model.num_decoder_layers=1', '--config.data.batch_size=8',
          '--config.data.inputs_length=32', '--config.data.targets_length=8',
          '--config.train.log_every=1', '--config.train.eval_every=0',
-         '--config.checkpoint.every_steps=3']
+         '--config.checkpoint.every_steps=3', '--config.data.source=synthetic']
 STEPS = 40  # JAX's service polls for SIGTERM once a second: steps to spare after the signal
 RUN = [*FLAGS, f'--config.train.steps={STEPS}', '--config.checkpoint.every_steps=1000']
 
