@@ -2,7 +2,7 @@
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
   .venv/bin/python bench/mixture.py [--examples=2048] [--rounds=15] [--settings=128,512]
-      [--alone] [--source=TEXT]
+      [--alone] [--diagnose] [--source=TEXT]
 
 All read the bundled corpus, or --source (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
@@ -14,7 +14,12 @@ inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
 - with --alone, each denoiser alone as a single source: UL2's rows are more work than span
   corruption's (at 512: 654 raw tokens a row on average, not 568, and X's targets 506 tokens,
   not 114), so `ul2_alone` is the rate UL2 would have if mixing cost nothing (each denoiser's time
-  per example weighted by its rate) and `ul2_mixing_ratio` UL2's rate over it.
+  per example weighted by its rate) and `ul2_mixing_ratio` UL2's rate over it;
+- with --diagnose, where UL2's mixing cost is: `single_again` (the single source in a second
+  child: the method's noise floor), `same6` (six components of R's span corruption (0.15, 3) with
+  its mode, [NLU]: mixing one objective's rows alike) and `lengths6` (the same six, but with modes
+  of 0, 1 and 2 texts: rows of three raw lengths, 568, 561 and 554 at 512, and nothing else
+  different).
 
 How: paired rounds. Each pipeline runs as it trains (parallel maps, prefetch, one tf.data
 thread) in a child process of its own, every child held to this process's first core. All are
@@ -43,6 +48,9 @@ sys.path.insert(0, ROOT)
 from data_pipeline import machine  # pylint: disable=wrong-import-position  # bench/, beside this
 
 PIPELINES = ('single', 'mixture', 'ul2')
+# --diagnose's six components of R's span corruption: each one's mode
+DIAGNOSTIC_MODES = {'same6': ['[NLU]'] * 6, 'lengths6': ['', '[NLU]', '[NLU] [NLG]'] * 2}
+DIAGNOSTIC = ('single_again', *DIAGNOSTIC_MODES)
 SETTINGS = {'128': 128, '512': 512}  # inputs_length = targets_length
 WARMUP_BATCHES = 32
 
@@ -56,6 +64,10 @@ def pipeline_data(name: str, length: int, source: str | None = None):
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
   if name.startswith('alone:'):
     data = mixture.component_data(data, name.removeprefix('alone:'))
+  elif name in DIAGNOSTIC_MODES:
+    r_denoiser = data.mixture.r_3_15.to_dict()
+    data.mixture = ml_collections.ConfigDict({f'r{k}': {**r_denoiser, 'mode': mode}
+                                              for k, mode in enumerate(DIAGNOSTIC_MODES[name])})
   elif name != 'ul2':
     data.mixture = ml_collections.ConfigDict()
   if name == 'mixture':
@@ -85,8 +97,8 @@ def serve(name: str, length: int, examples: int, source: str | None) -> None:
   on stdin, reads `examples` rows and prints its CPU time so far (all its threads)."""
   from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
   tic = time.perf_counter()
-  batches = batches_lib.make_batches(pipeline_data(name, length, source), 'train', process_index=0,
-                                     process_count=1)
+  data = pipeline_data(name.removesuffix('_again'), length, source)
+  batches = batches_lib.make_batches(data, 'train', process_index=0, process_count=1)
   for _ in range(WARMUP_BATCHES):
     next(batches)
   print(json.dumps({'startup_s': time.perf_counter() - tic, 'cpu_s': time.process_time()}),
@@ -179,7 +191,7 @@ def row(names: list[str], setting: str, args) -> dict:
           'examples_per_cpu_s': {name: round(statistics.median(rates[name]), 1)
                                  for name in names},
           'ratio_to_single': {name: median_ratio(rates[name], rates['single'])
-                              for name in PIPELINES[1:]}}
+                              for name in names if name in PIPELINES[1:] + DIAGNOSTIC}}
   if args.alone:
     free = ul2_free_rates(rates)
     line['ul2_alone'] = round(statistics.median(free), 1)
@@ -196,12 +208,15 @@ def main():
   parser.add_argument('--source', help='the text every pipeline reads (default: the bundled '
                       'corpus, which each child tokenizes at start-up)')
   parser.add_argument('--alone', action='store_true', help="also each UL2 denoiser alone")
+  parser.add_argument('--diagnose', action='store_true',
+                      help=f'also {", ".join(DIAGNOSTIC)}: where mixing costs')
   parser.add_argument('--child', help=argparse.SUPPRESS)  # the pipeline a child serves
   args = parser.parse_args()
   if args.child:
     serve(args.child, SETTINGS[args.settings], args.examples, args.source)
     return
-  names = list(PIPELINES) + ([f'alone:{name}' for name in ul2_rates()] if args.alone else [])
+  names = [*PIPELINES, *(DIAGNOSTIC if args.diagnose else ()),
+           *([f'alone:{name}' for name in ul2_rates()] if args.alone else ())]
   for setting in args.settings.split(','):
     print(json.dumps(row(names, setting, args)), flush=True)
 

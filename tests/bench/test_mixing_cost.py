@@ -34,6 +34,23 @@ def test_the_pipelines_are_one_source_three_components_and_ul2():
                                                         process_count=1))
 
 
+def test_the_diagnostic_pipelines_differ_from_each_other_only_in_their_rows_lengths():
+  """--diagnose: six components of R's span corruption alike, or with modes of 0, 1 and 2 texts
+  (so of three raw lengths); nothing else differs."""
+  import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
+  from t5lite import objectives  # pylint: disable=import-outside-toplevel
+  lengths, settings = {}, {}
+  for name in mixture.DIAGNOSTIC_MODES:
+    data = mixture.pipeline_data(name, 512)
+    components = objectives.components(data)
+    lengths[name] = [objective.raw_length(view) for _, view, objective in components]
+    settings[name] = {(objective.name, view.noise_density, view.mean_noise_span_length,
+                       data.mixture[component].weight)
+                      for component, view, objective in components}
+  assert lengths == {'same6': [561] * 6, 'lengths6': [568, 561, 554] * 2}
+  assert settings['same6'] == settings['lengths6'] == {('span_corruption', 0.15, 3.0, 0.2)}
+
+
 def test_mixing_for_free_weighs_each_components_time_per_example_by_its_share():
   import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
   # half the rows at 100 a second, half at 300: 150 rows a second, not the mean 200
