@@ -27,7 +27,7 @@ non-noise and end with noise):
 where <X0> = <extra_id_0> = vocab_size - 1, <X1> = vocab_size - 2.
 """
 
-from t5lite.data.tf_setup import tf
+from t5lite.data.tf_setup import plain, tf
 
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
@@ -86,7 +86,7 @@ def nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
 
 
 def _map(dataset: tf.data.Dataset, fn) -> tf.data.Dataset:
-  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return dataset.map(plain(fn), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def span_corruption(dataset: tf.data.Dataset, sentinel_id: int) -> tf.data.Dataset:

@@ -37,7 +37,7 @@ import zlib
 
 import ml_collections
 import numpy as np
-from t5lite.data.tf_setup import tf
+from t5lite.data.tf_setup import plain, tf
 
 from t5lite import objectives
 from t5lite.data import mixture
@@ -111,14 +111,14 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
       group_of[[index for index, _ in group]] = g
     rows = tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
         share, first_batch, data.batch_size, segment).map(
-            lambda _, c: tf.gather(group_of, c)).unbatch())
+            plain(lambda _, c: tf.gather(group_of, c))).unbatch())
   per_process = share.stop - share.start
   batches = rows.batch(per_process, drop_remainder=True)
   if segment:  # each row's component beside the features, a batch at a time
     batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
-        lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
-            per_process, dtype=tf.int64))[0])).map(
-                lambda batch, component: {**batch, 'component': component})
+        plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
+            per_process, dtype=tf.int64))[0]))).map(
+                plain(lambda batch, component: {**batch, 'component': component}))
   return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
                   first_batch, segment.position() if segment else {})
 
@@ -165,8 +165,8 @@ def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
   examples = _indexed_examples(streams, view, share, first_batch, objective.pairs, segment,
                                None if alone else [index for index, _ in group])
   return objective.transform(examples, view, vocab).map(  # an example per row (only BART's
-      functools.partial(packing.pad_rows, lengths=objective.row_lengths(view)),  # inputs fall
-      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # short of theirs)
+      plain(functools.partial(packing.pad_rows, lengths=objective.row_lengths(view))),  # inputs
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # fall short of theirs)
 
 
 class _Stream:
@@ -195,7 +195,7 @@ def _row_blocks(share: slice, first_batch: int, batch_size: int,
     rows = n // per_process * batch_size + share.start + n % per_process
     return (rows, _locate(segment, rows)[0]) if segment else rows
 
-  return tf.data.Dataset.range(first_batch * per_process, _ENDLESS, ROW_BLOCK).map(block)
+  return tf.data.Dataset.range(first_batch * per_process, _ENDLESS, ROW_BLOCK).map(plain(block))
 
 
 def _locate(segment: mixture.Segment | None, row):
@@ -274,12 +274,12 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
   if members is None:  # every row: no component to look up
     rows = _row_blocks(share, first_batch, data.batch_size)
   else:  # the rows of this group's components
-    rows = _row_blocks(share, first_batch, data.batch_size, segment).map(
-        lambda rows, components: tf.boolean_mask(rows, tf.gather(stream_of, components) >= 0))
+    rows = _row_blocks(share, first_batch, data.batch_size, segment).map(plain(
+        lambda rows, components: tf.boolean_mask(rows, tf.gather(stream_of, components) >= 0)))
   return (rows.unbatch()
-          .map(place, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+          .map(plain(place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
-          .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+          .map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .unbatch())
 
 
@@ -315,7 +315,7 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
       out['component'] = tf.cast(component, tf.int32)
     return out
 
-  batches = batches.map(features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  batches = batches.map(plain(features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_optimization.map_fusion = True  # chunk + corrupt in one step: 2x faster

@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import zstandard
-from t5lite.data.tf_setup import tf
+from t5lite.data.tf_setup import plain, tf
 
 from t5lite import files
 from t5lite import paths
@@ -318,7 +318,7 @@ class _TfdsInput(Input):
 
   def documents(self, skipped):
     records = self._builder.as_dataset(split=self._records, shuffle_files=False)
-    for text in records.map(lambda record: record[self._text_key]).as_numpy_iterator():
+    for text in records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator():
       if _is_document(text := _utf8(text, skipped), skipped):
         yield text
 

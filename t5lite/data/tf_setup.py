@@ -1,9 +1,10 @@
-"""TensorFlow as the input pipeline runs it: `from t5lite.data.tf_setup import tf`.
+"""TensorFlow as the input pipeline runs it: `from t5lite.data.tf_setup import tf, plain`.
 
 TensorFlow runs the input pipeline only, and only a run that reads text imports it. Before it
 creates its runtime, this hides every accelerator from it (JAX owns them), bounds its op thread
 pools and quiets its C++ logging, and drops the banner it writes to stderr while it is imported
 (whatever TF_CPP_MIN_LOG_LEVEL says): stderr is for t5lite's own lines. T5LITE_DEBUG=1 keeps it.
+Every function the pipeline maps goes through `plain`.
 """
 
 import os
@@ -40,3 +41,10 @@ def _hide_accelerators_from_tensorflow():
 
 
 _hide_accelerators_from_tensorflow()
+
+
+def plain(fn):
+  """`fn` for tf.data to trace as written, without AutoGraph's rewrite: no tensor drives Python
+  control flow in the pipeline's functions (loops and branches are TF ops), and the rewrite cost
+  each process that reads text about a second of its start-up."""
+  return tf.autograph.experimental.do_not_convert(fn)
