@@ -405,11 +405,11 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
       a, b = jnp.where(real, a, 0), jnp.where(real, b, 0)
     return float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-12))
 
-  steps = {name: gradients(attend) for name, attend in candidates.items()}
+  grad_fns = {name: gradients(attend) for name, attend in candidates.items()}
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  # the einsum candidate's step: where it runs in float32 (CPU), its one compile serves both
-  reference = steps['einsum'](*f32, table, layout)
-  for name, step in steps.items():
+  # the einsum candidate's function: where it runs in float32 (CPU), its one compile serves both
+  reference = grad_fns['einsum'](*f32, table, layout)
+  for name, step in grad_fns.items():
     row = {'bench': 'gpu_attention_speed', 'case': case, 'kernel': name, 'batch': batch,
            'q_len': q_len, 'kv_len': kv_len, 'heads': heads, 'dtype': jnp.dtype(dtype).name}
     try:
