@@ -602,7 +602,7 @@ def resume(args) -> list[dict]:
     printed = launch_train(killed, kill=True)
     resumed_from = launch_train(killed)[0] - 1
     a, b = logged_rows(once), logged_rows(killed)
-    states_equal = saved_states_equal(once, killed, resumed_from)
+    differing_leaves = saved_state_differences(once, killed, resumed_from)
     # the uninterrupted run resumed from its own save: does a save hold what the run held?
     own = os.path.join(folder, 'own')
     shutil.copytree(os.path.join(once, 'checkpoints', str(resumed_from)),
@@ -621,7 +621,8 @@ def resume(args) -> list[dict]:
   timed = [a[s] for s in steps[1:]]  # the first step's time holds the step's first run
   return [{'bench': 'gpu_resume', 'flags': run_flags(), 'steps': len(steps),
            'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
-           'saved_states_equal': states_equal,
+           'saved_states_equal': not differing_leaves,
+           'saved_states_differing_leaves': differing_leaves,
            'own_save_resumed_equal_losses': sum(c[s]['loss'] == a[s]['loss'] for s in c),
            'own_save_resumed_steps': len(c),
            'equal_losses': len(steps) - len(differing),
@@ -632,7 +633,7 @@ def resume(args) -> list[dict]:
            'tokens_per_s': statistics.median(r['tokens_per_s'] for r in timed),
            'mfu': statistics.median(r['mfu'] for r in timed),
            'peak_memory_gib': a[steps[-1]].get('peak_memory_gib'),
-           'pass': not differing and states_equal and all(
+           'pass': not differing and not differing_leaves and all(
                c[s]['loss'] == a[s]['loss'] for s in c)}]
 
 
@@ -643,18 +644,29 @@ def run_config():
   return config
 
 
-def saved_states_equal(first: str, second: str, step: int) -> bool:
-  """Whether two workdirs hold bit-identical train states at checkpoint `step`."""
+def saved_state_differences(first: str, second: str, step: int) -> list[dict]:
+  """The leaves of the train states two workdirs saved at checkpoint `step` that are not
+  bit-identical (NaNs equal where both have them), with how far apart they are."""
   config = run_config()
   run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]),
                          reads_text=False)
-  leaves = []
+  states = []
   for workdir in (first, second):
     reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
     state, _ = reader.restore(step, run.spec.abstract)
     reader.close()
-    leaves.append([np.asarray(leaf) for leaf in jax.tree.leaves(state)])
-  return all(np.array_equal(x, y) for x, y in zip(*leaves))
+    states.append(jax.tree_util.tree_leaves_with_path(state))
+  differing = []
+  for (path, x), (_, y) in zip(*states):
+    x, y = np.asarray(x), np.asarray(y)
+    if x.tobytes() != y.tobytes():
+      wide_x, wide_y = x.astype(np.float64), y.astype(np.float64)
+      differing.append({'leaf': jax.tree_util.keystr(path), 'dtype': str(x.dtype),
+                        'elements_differing': int(np.sum(wide_x != wide_y)),
+                        'nans': [int(np.isnan(wide_x).sum()), int(np.isnan(wide_y).sum())],
+                        'max_abs_difference': float(np.nanmax(np.abs(wide_x - wide_y),
+                                                              initial=0.0))})
+  return differing
 
 
 def plan(args) -> list[dict]:

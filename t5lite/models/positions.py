@@ -57,8 +57,12 @@ class RelativePositionBias(nnx.Module):
     relative = jnp.arange(key_length)[None, :] - query_positions[:, None]  # (q, k)
     bucket = relative_position_bucket(relative, bidirectional=self.bidirectional,
                                       num_buckets=self.num_buckets, max_distance=self.max_distance)
-    values = jnp.take(self.embedding[...].astype(jnp.float32), bucket, axis=0)  # (q, k, h)
-    return jnp.transpose(values, (2, 0, 1))[None]  # (q, k, h) -> (1, h, q, k)
+    # A one-hot matmul, not a gather: a gather's gradient is a scatter-add, which XLA's GPU
+    # backend sums with atomics in no fixed order, so that runs (and resumes) differed in the
+    # table's last bits on an H100. HIGHEST keeps float32 matmuls off TF32: each value exact.
+    one_hot = jax.nn.one_hot(bucket, self.num_buckets, dtype=jnp.float32)  # (q, k, buckets)
+    return jnp.einsum('qkn,nh->hqk', one_hot, self.embedding[...].astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)[None]  # (1, h, q, k)
 
 
 def sinusoidal_positions(positions: jax.Array, features: int) -> jax.Array:

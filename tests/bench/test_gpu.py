@@ -138,6 +138,7 @@ def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   by_job, _ = rows
   resume = by_job['resume'][0]
   assert resume['pass'] and resume['saved_states_equal']
+  assert resume['saved_states_differing_leaves'] == []
   assert resume['equal_losses'] == resume['steps'] == 8 and resume['first_differing_step'] is None
   assert resume['resumed_from_step'] in (2, 4, 6)  # a complete checkpoint, every 2 steps
   assert resume['killed_after_step'] > resume['resumed_from_step']  # steps were done again

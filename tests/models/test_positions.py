@@ -1,10 +1,14 @@
 """Position encodings: T5's bucketing against Hugging Face's, sinusoids, and RoPE's relativity."""
 
+from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite.models.positions import apply_rope, relative_position_bucket, sinusoidal_positions
+from t5lite.models.config import ModelConfig
+from t5lite.models.positions import (RelativePositionBias, apply_rope, relative_position_bucket,
+                                     sinusoidal_positions)
 
 
 @pytest.mark.parametrize('bidirectional', [True, False])
@@ -28,6 +32,38 @@ def test_relative_position_bucket_examples():
   causal = relative_position_bucket(jnp.asarray([3, 0, -1, -200]), bidirectional=False,
                                     num_buckets=32, max_distance=128)
   assert causal.tolist() == [0, 0, 1, 31]  # the future shares bucket 0 (it is masked anyway)
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_relative_bias_is_the_table_at_each_bucket_and_its_gradient_has_no_scatter(bidirectional):
+  """The bias equals the table's row at each pair's bucket, bit for bit, also for a decoding
+  step's queries past the start; and the table's gradient is a matmul, not a scatter-add (which
+  a GPU sums in no fixed order: a resumed run's table differed from the uninterrupted run's)."""
+  cfg = ModelConfig(num_heads=3, relative_buckets=8, relative_max_distance=16)
+  bias = RelativePositionBias(cfg, bidirectional=bidirectional, rngs=nnx.Rngs(0))
+  table = np.asarray(bias.embedding[...])
+  for query_length, key_length, offset in ((5, 7, 0), (1, 9, 6)):
+    queries = offset + np.arange(query_length)
+    bucket = relative_position_bucket(np.arange(key_length)[None] - queries[:, None],
+                                      bidirectional=bidirectional, num_buckets=8, max_distance=16)
+    expected = table[np.asarray(bucket)].transpose(2, 0, 1)[None]  # (1, h, q, k)
+    got = bias(query_length, key_length, jnp.int32(offset))
+    assert got.shape == (1, 3, query_length, key_length)
+    np.testing.assert_array_equal(got, expected)
+
+  graphdef, params = nnx.split(bias)
+
+  def loss(params):
+    return jnp.sum(nnx.merge(graphdef, params)(6, 6) * jnp.arange(36.0).reshape(6, 6))
+
+  assert 'scatter' not in jax.jit(jax.grad(loss)).lower(params).as_text()
+  grad = np.asarray(jax.jit(jax.grad(loss))(params)['embedding'][...])
+  bucket = np.asarray(relative_position_bucket(np.arange(6)[None] - np.arange(6)[:, None],
+                                               bidirectional=bidirectional, num_buckets=8,
+                                               max_distance=16))
+  weights = np.arange(36.0).reshape(6, 6)
+  for b in range(8):  # each bucket's row: the sum of the weights of its pairs, in every head
+    np.testing.assert_allclose(grad[b], np.full(3, weights[bucket == b].sum()), rtol=1e-6)
 
 
 def test_sinusoidal_positions():
