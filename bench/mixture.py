@@ -2,7 +2,7 @@
 UL2's seven denoisers beside a single source with span corruption, side by side; JSON lines.
 
   .venv/bin/python bench/mixture.py [--examples=2048] [--rounds=15] [--settings=128,512]
-      [--alone] [--diagnose] [--source=TEXT]
+      [--alone] [--diagnose] [--children=1] [--source=TEXT]
 
 All read the bundled corpus, or --source (tokenized at start-up, which is reported, not timed), at
 inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
@@ -29,7 +29,9 @@ timed seconds apart and never beside each other. A round's rate is its rows over
 time since its last round ended (the work it did ahead then is counted with the rows it made).
 Each line has the medians over rounds and the median of each round's ratio to `single`: on a
 shared machine, runs of one pipeline minutes apart differ by 20% and more, and one process per
-run cannot see a 10% difference.
+run cannot see a 10% difference. A process also keeps its own speed for its life (the single
+source in two children differed by up to 6%, run after run): with --children=N each pipeline is
+served by N children, and a round's rate is their rows over their CPU time together.
 """
 
 import argparse
@@ -128,16 +130,16 @@ class Child:
     os.kill(self.process.pid, signal.SIGSTOP)
     return said['startup_s']
 
-  def round(self) -> float:
-    """Rows per CPU-second of one round."""
+  def round(self) -> tuple[int, float]:
+    """The rows of one round and the CPU-seconds they took."""
     os.kill(self.process.pid, signal.SIGCONT)
     self.process.stdin.write('\n')
     self.process.stdin.flush()
     said = self.answer()
     os.kill(self.process.pid, signal.SIGSTOP)
-    rate = said['rows'] / (said['cpu_s'] - self.cpu_s)
+    rows, cpu_s = said['rows'], said['cpu_s'] - self.cpu_s
     self.cpu_s = said['cpu_s']
-    return rate
+    return rows, cpu_s
 
   def answer(self) -> dict:
     line = self.process.stdout.readline()
@@ -155,18 +157,26 @@ class Child:
 def paired_rounds(names: list[str], setting: str, args) -> tuple[dict, dict, list[float]]:
   """({name: its rate in each round}, {name: start-up seconds}, the load average at each round)."""
   core = set(sorted(os.sched_getaffinity(0))[:1])
-  children = {name: Child(name, setting, args, core) for name in names}
+  children = {name: [Child(name, setting, args, core) for _ in range(args.children)]
+              for name in names}
   try:
-    startup = {name: round(child.ready(), 2) for name, child in children.items()}
+    startup = {name: round(statistics.median(child.ready() for child in served), 2)
+               for name, served in children.items()}
     rates, loads = collections.defaultdict(list), []
     for k in range(args.rounds):  # each round in the other order
       for name in names if k % 2 == 0 else names[::-1]:
-        rates[name].append(children[name].round())
+        rates[name].append(pooled_rate([child.round() for child in children[name]]))
       loads.append(os.getloadavg()[0])
   finally:
-    for child in children.values():
-      child.close()
+    for served in children.values():
+      for child in served:
+        child.close()
   return rates, startup, loads
+
+
+def pooled_rate(rounds: list[tuple[int, float]]) -> float:
+  """Rows per CPU-second of a pipeline's children in one round, from each one's (rows, CPU-s)."""
+  return sum(rows for rows, _ in rounds) / sum(cpu_s for _, cpu_s in rounds)
 
 
 def ul2_free_rates(alone: dict[str, list[float]]) -> list[float]:
@@ -187,7 +197,7 @@ def row(names: list[str], setting: str, args) -> dict:
   rates, startup, loads = paired_rounds(names, setting, args)
   line = {'bench': 'mixture', 'inputs_length': SETTINGS[setting],
           'targets_length': SETTINGS[setting], 'batch_size': 32, 'cores': 1, 'threads': 1,
-          'examples': args.examples, 'rounds': args.rounds,
+          'examples': args.examples, 'rounds': args.rounds, 'children': args.children,
           'examples_per_cpu_s': {name: round(statistics.median(rates[name]), 1)
                                  for name in names},
           'ratio_to_single': {name: median_ratio(rates[name], rates['single'])
@@ -204,6 +214,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--examples', type=int, default=2048, help='rows a pipeline reads a round')
   parser.add_argument('--rounds', type=int, default=15)
+  parser.add_argument('--children', type=int, default=1, help='processes serving each pipeline')
   parser.add_argument('--settings', default=','.join(SETTINGS), help='of ' + ','.join(SETTINGS))
   parser.add_argument('--source', help='the text every pipeline reads (default: the bundled '
                       'corpus, which each child tokenizes at start-up)')

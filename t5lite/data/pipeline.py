@@ -319,7 +319,12 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_optimization.map_fusion = True  # chunk + corrupt in one step: 2x faster
-  threads = data.get('threads', 0)
-  options.threading.private_threadpool_size = threads or max(1, (os.cpu_count() or 2) // 2)
+  threads = data.get('threads', 0) or max(1, (os.cpu_count() or 2) // 2)
+  options.threading.private_threadpool_size = threads
   options.threading.max_intra_op_parallelism = 1
+  # No tuning: every parallel map runs on the whole pool (the most tuning would give it), and no
+  # iterator times each element for the tuner, which cost UL2's seven denoisers a tenth of their
+  # rate per CPU-second (BENCHMARKS.md).
+  options.autotune.enabled = False
+  options.autotune.initial_parallelism = threads
   return batches.prefetch(tf.data.AUTOTUNE).with_options(options)

@@ -60,6 +60,13 @@ def test_mixing_for_free_weighs_each_components_time_per_example_by_its_share():
   assert shares['r_3_15'] == pytest.approx(0.2) and shares['x_64_50'] == pytest.approx(0.1)
 
 
+def test_a_round_pools_a_pipelines_children_rows_over_their_cpu_time():
+  import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
+  # 64 rows in 0.02 s and 64 in 0.06 s: 128 rows in 0.08 s, 1,600 a second (not the mean 2,133)
+  assert mixture.pooled_rate([(64, 0.02), (64, 0.06)]) == pytest.approx(1600)
+  assert mixture.pooled_rate([(64, 0.04)]) == pytest.approx(1600)
+
+
 def test_ul2_for_free_is_computed_round_by_round_from_its_denoisers_alone():
   import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
   shares = mixture.ul2_rates()
@@ -79,6 +86,7 @@ def test_the_pipelines_are_timed_in_paired_rounds_and_every_line_has_its_ratios(
   [line] = done.stdout.splitlines()
   row = json.loads(line)
   assert row['bench'] == 'mixture' and row['inputs_length'] == 128 and row['rounds'] == 3
+  assert row['children'] == 1
   assert list(row['examples_per_cpu_s']) == ['single', 'mixture', 'ul2']
   assert all(100 < rate < 100_000 for rate in row['examples_per_cpu_s'].values())
   assert all(0 < seconds < 600 for seconds in row['startup_s'].values())
