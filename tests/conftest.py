@@ -14,6 +14,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='t5lite-tests-jax-cache-')
+  # readable by all (mkdtemp's is the owner's alone): a root test acting as `nobody` (tests/fs.py)
+  # loads the steps compiled before it instead of compiling them again
+  os.chmod(os.environ['JAX_COMPILATION_CACHE_DIR'], 0o755)
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
