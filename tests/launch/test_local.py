@@ -29,7 +29,10 @@ flags = dict(arg[2:].split('=', 1) for arg in sys.argv[1:])
 jax.distributed.initialize(flags['coordinator_address'], int(flags['num_processes']),
                            int(flags['process_id']))
 ids = multihost_utils.process_allgather(np.array([jax.process_index()])).ravel().tolist()
-print('result', jax.process_index(), jax.local_device_count(), jax.device_count(), ids)
+# one write: the processes run unbuffered, and in a CI run Gloo's log, from a C++ thread, landed
+# between the pieces that print() writes
+sys.stdout.write(f'result {jax.process_index()} {jax.local_device_count()} {jax.device_count()} '
+                 f'{ids}\\n')
 """
 # Stops as `t5lite train` does on SIGTERM or Ctrl-C: says which, and exits 75.
 STOPPABLE = """
