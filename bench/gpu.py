@@ -646,7 +646,7 @@ def run_config():
 
 def saved_state_differences(first: str, second: str, step: int) -> list[dict]:
   """The leaves of the train states two workdirs saved at checkpoint `step` that are not
-  bit-identical (NaNs equal where both have them), with how far apart they are."""
+  bit-identical: how many elements differ, the NaNs in each, the largest difference."""
   config = run_config()
   run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]),
                          reads_text=False)
