@@ -30,7 +30,8 @@ share a persistent compilation cache. The jobs, in order:
   that step, and the first run resumed from its own save;
 - plan: `t5lite plan` for this machine (e.g. 1xH200, compiled on it) against the allocator's
   peak that the resume job's run logged.
-On CPU the same jobs run on t5_tiny at tiny shapes and fewer steps (tests/bench/test_gpu.py):
+On CPU the same jobs run on t5_tiny at tiny shapes, one layer a stack and fewer steps
+(tests/bench/test_gpu.py):
 every path is tested there, and no figure means anything.
 """
 
@@ -114,9 +115,10 @@ BASELINE = {'model.scan_layers': True, 'model.remat_policy': 'save_dots', 'model
 # batch x heads x length x length logits in memory) on a GPU.
 PROFILED = ({}, {'model.attention': 'cudnn'})
 CPU_MODEL, CPU_BATCH_DIVISOR = 't5_tiny', 32
-# Two layers a stack instead of t5_tiny's four, for half the compiling: in the correctness checks
-# (on an H200 they spent 148 s, mostly compiling, at four) and, on CPU, in every job.
-TWO_LAYERS = {'num_encoder_layers': 2, 'num_decoder_layers': 2}
+# Fewer layers than t5_tiny's four a stack, for less compiling: two in the correctness checks on a
+# GPU (on an H200 they spent 148 s, mostly compiling, at four), one in every job on CPU (where
+# the jobs run to check their paths, in tests/bench/test_gpu.py).
+LAYERS = {'gpu': 2, 'cpu': 1}
 # Seconds a job may take on a GPU (compiles included); on CPU each gets CPU_TIMEOUT_S.
 TIMEOUT_S = {'correctness': 150, 'attention': 90, 'attention_speed': 180, 'profile': 150,
              'hf': 180, 'speed': 120, 'resume': 300, 'plan': 150}
@@ -154,9 +156,14 @@ def shapes() -> dict:
               targets_length=114 if gpu else 8)
 
 
+def fewer_layers() -> dict:
+  layers = LAYERS['gpu' if on_gpu() else 'cpu']
+  return {'num_encoder_layers': layers, 'num_decoder_layers': layers}
+
+
 def model_fields() -> dict:
   """Model settings of the speed, profile, hf and resume jobs besides the preset's."""
-  return {} if on_gpu() else TWO_LAYERS
+  return {} if on_gpu() else fewer_layers()
 
 
 def first_batches(config, count: int) -> list[dict]:
@@ -185,10 +192,10 @@ def relative_difference(a, b) -> float:
 
 
 def memorising(dtype: str):
-  """t5_tiny with two layers a stack, at a rate that memorises one batch within
+  """t5_tiny with `fewer_layers()`, at a rate that memorises one batch within
   MEMORISING_STEPS (so that losses move)."""
   return preset('t5_tiny', dtype=dtype, batch_size=8, inputs_length=64, targets_length=16,
-                learning_rate=1e-3, **{f'model.{k}': v for k, v in TWO_LAYERS.items()})
+                learning_rate=1e-3, **{f'model.{k}': v for k, v in fewer_layers().items()})
 
 
 def check_device_equals_cpu() -> dict:
