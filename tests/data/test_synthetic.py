@@ -107,6 +107,7 @@ print(json.dumps({'statuses': statuses, 'tensorflow_modules': loaded}))
 """
 
 
+@pytest.mark.slow  # four commands in processes of their own: about 35 s on 2 cores
 def test_train_eval_plan_and_data_run_with_tensorflow_blocked(tmp_path):
   workdir = tmp_path / 'run'
   one_device = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')

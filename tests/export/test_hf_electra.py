@@ -161,6 +161,7 @@ def test_import_refuses_what_t5lite_electra_is_not(exported, tmp_path):
     import_hf(str(tmp_path / 'mixed'))
 
 
+@pytest.mark.slow  # a run, an import and an evaluation: about 50 s on 2 cores
 def test_discriminator_alone_imports_into_a_workdir_that_evaluates(tmp_path, capsys):
   """import-hf of a discriminator without generator/: one warning line names what starts fresh,
   which --config.model.generator_size shapes; the discriminator is the folder's, scanned or not,

@@ -135,6 +135,7 @@ class ReversedLM(base.Objective):
     return base.side_features('decoder', data.targets_length, targets=True)
 
 
+@pytest.mark.slow  # a run of the new objective: about 30 s on 2 cores
 def test_a_new_objective_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
   monkeypatch.setitem(objectives.OBJECTIVES, 'reversed_lm', ReversedLM())
   flags = [f'--config={os.path.join(ROOT, "configs", "gpt2_small.py")}',
