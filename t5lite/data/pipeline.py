@@ -199,9 +199,10 @@ def _row_blocks(share: slice, first_batch: int, batch_size: int,
 
 
 def _locate(segment: mixture.Segment | None, row):
-  """(component, its example number) of global row `row`: the schedule's lookup, in TF."""
+  """(component, its example number) of global row `row` (or of each of a vector of rows): the
+  schedule's lookup, in TF."""
   if segment is None:
-    return tf.constant(0, tf.int64), row
+    return tf.zeros_like(row), row
   schedule = segment.schedule
   position = (row - segment.start) % schedule.cycle
   component = tf.gather(tf.constant(schedule.component, tf.int64), position)
@@ -236,22 +237,31 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
   stream_of = tf.constant([member_list.index(c) if c in member_list else -1
                            for c in range(len(names))], tf.int64)
 
-  def place(row):
-    # s is the row's stream (its component's), i the example's place in it.
-    c, i = _locate(segment, row)
+  per_stream = {'chunks': chunks, 'slack': slack, 'raw_length': raw_lengths,
+                'epoch_key': epoch_keys, 'example_key': example_keys, **values,
+                **({'size': sizes, 'other_key': other_keys} if pairs else {})}
+
+  def located(rows):
+    # A block of rows: each one's stream s (its component's), the example's place i in it, and
+    # what `place` needs of the stream, looked up on vectors (row by row, these lookups cost
+    # every pipeline, a single source's too, about 4% of its rate: BENCHMARKS.md).
+    c, i = _locate(segment, rows)
     s = tf.gather(stream_of, c)
-    count = chunks[s]
+    return {'i': i, 's': s, **{name: tf.gather(table, s) for name, table in per_stream.items()}}
+
+  def place(row):
+    i, s, count = row['i'], row['s'], row['chunks']
     shuffle_key, offset_key = tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(epoch_keys[s], i // count), 2))
+        tf.random.experimental.stateless_fold_in(row['epoch_key'], i // count), 2))
     chunk = tf.random.experimental.index_shuffle(i % count, shuffle_key, count - 1)
-    offset = tf.random.stateless_uniform([], offset_key, 0, slack[s] + 1, dtype=tf.int64)
-    example = {'targets': tf.stack([s, offset + chunk * raw_lengths[s]]),
-               'seed': tf.random.experimental.stateless_fold_in(example_keys[s], i),
-               **{name: tf.gather(table, s) for name, table in values.items()}}
+    offset = tf.random.stateless_uniform([], offset_key, 0, row['slack'] + 1, dtype=tf.int64)
+    example = {'targets': tf.stack([s, offset + chunk * row['raw_length']]),
+               'seed': tf.random.experimental.stateless_fold_in(row['example_key'], i),
+               **{name: row[name] for name in values}}
     if pairs:
       example['other'] = tf.stack([s, tf.random.stateless_uniform(
-          [], tf.random.experimental.stateless_fold_in(other_keys[s], i), 0,
-          sizes[s] - raw_lengths[s] + 1, dtype=tf.int64)])
+          [], tf.random.experimental.stateless_fold_in(row['other_key'], i), 0,
+          row['size'] - row['raw_length'] + 1, dtype=tf.int64)])
     return example
 
   def read(examples):  # token windows in place of (stream, where they begin)
@@ -276,7 +286,7 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
   else:  # the rows of this group's components
     rows = _row_blocks(share, first_batch, data.batch_size, segment).map(plain(
         lambda rows, components: tf.boolean_mask(rows, tf.gather(stream_of, components) >= 0)))
-  return (rows.unbatch()
+  return (rows.map(plain(located)).unbatch()
           .map(plain(place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
           .map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
