@@ -866,7 +866,7 @@ def small_disk(tmp_path):
     subprocess.run(['umount', '-l', str(mount_point)], check=True)
 
 
-@pytest.mark.slow  # a run onto a full filesystem: about 25 s on 2 cores
+@pytest.mark.slow  # a run onto a full filesystem: 18-24 s on 2 cores
 def test_a_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(
     tmp_path, small_disk):
   """`t5lite train` as a user runs it (asynchronous saves, the default) into a workdir on a small

@@ -18,7 +18,8 @@ def test_training_evaluation_plan_and_export_import_no_tensorflow():
 
 def test_tensorflow_is_imported_without_keras_which_still_imports_after():
   code = ("import sys; from t5lite.data.tf_setup import tf; "
-          "print(tf.data.Dataset.range(3).reduce(tf.constant(0, tf.int64), lambda a, b: a + b).numpy(), "
+          "print(tf.data.Dataset.range(3).reduce(tf.constant(0, tf.int64), "
+          "lambda a, b: a + b).numpy(), "
           "sorted(m for m in sys.modules if m.split('.')[0] == 'keras')); "
           "import keras; print(keras.__name__)")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)

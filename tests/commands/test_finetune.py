@@ -46,7 +46,7 @@ def read_position(workdir, step) -> dict:
     return json.load(f)
 
 
-@pytest.mark.slow  # a fine-tuning run with evaluations: about 45 s on 2 cores
+@pytest.mark.slow  # a fine-tuning run with evaluations: 33-46 s on 2 cores
 def test_finetuning_learns_a_keyword_task_and_keeps_its_best_checkpoint(tmp_path, capsys,
                                                                        pretrained):
   task, workdir = keyword_task(tmp_path / 'task.tsv'), tmp_path / 'ft'
@@ -204,7 +204,7 @@ def test_exact_match_on_packed_rows_is_greedy_decodings_accuracy():
       assert float(sums['exact']) == (not changed[example]), (row, segment)
 
 
-@pytest.mark.slow  # a fine-tuning process stopped and resumed: about 30 s on 2 cores
+@pytest.mark.slow  # a fine-tuning process stopped and resumed: 20-30 s on 2 cores
 def test_sigterm_saves_and_exits_75_as_train_does(tmp_path, pretrained):
   """A fine-tuning stopped early says so to its launcher: status 75, and its step saved."""
   process = subprocess.Popen(

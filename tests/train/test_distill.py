@@ -109,6 +109,7 @@ def teacher(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # a student and its teacher trained: 27-29 s on 2 cores
 def test_student_moves_toward_its_teacher(tmp_path, teacher):
   # Half the teacher's FFN width; hidden states compared as DistilBERT does (same d_model).
   assert train(tmp_path, '--config.train.steps=20', f'--config.train.teacher_workdir={teacher}',

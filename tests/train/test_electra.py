@@ -127,7 +127,7 @@ def test_a_mixtures_loss_per_component_is_the_generators_mlm_loss():
                             {'loss': metrics['mlm_loss'], 'accuracy': metrics['mlm_accuracy']})
 
 
-@pytest.mark.slow  # an ELECTRA run, its evaluation and export: about a minute on 2 cores
+@pytest.mark.slow  # an ELECTRA run, its evaluation and export: 47-59 s on 2 cores
 def test_electra_small_trains_and_its_discriminator_evaluates(tmp_path, capsys):
   assert cli.main(['train', f'--workdir={tmp_path}', *ELECTRA]) == 0
   with open(tmp_path / 'metrics.jsonl', encoding='utf-8') as f:

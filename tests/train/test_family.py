@@ -47,7 +47,7 @@ def losses(workdir) -> list[float]:
   return [row['loss'] for row in sorted(rows, key=lambda r: r['step']) if 'loss' in row]
 
 
-@pytest.mark.slow  # 20-30 s a family on 2 cores
+@pytest.mark.slow  # 7-31 s a family on 2 cores, most over 15
 @pytest.mark.parametrize('name', sorted(RUNS))
 def test_twenty_steps_lower_the_loss(tmp_path, name):
   assert cli.main(['train', f'--workdir={tmp_path}', *flags(name)]) == 0

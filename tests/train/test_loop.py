@@ -61,6 +61,7 @@ def saved_params(workdir, step) -> dict[str, np.ndarray]:
   return flat
 
 
+@pytest.mark.slow  # a run, the same run stopped and resumed: 21-25 s on 2 cores
 def test_resumed_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_path):
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
   assert train(straight, '--config.train.steps=6', '--config.checkpoint.every_steps=3') == 0

@@ -73,21 +73,21 @@ def one_device_losses():
   return train_losses(small_config())
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 def test_loss_starts_near_uniform_and_falls(one_device_losses):
   # T5's unscaled embedding (std 1) makes the untrained logits a little peaked: above ln(256)=5.55.
   assert np.log(VOCAB) < one_device_losses[0] < np.log(VOCAB) + 1.0
   assert one_device_losses[-1] < one_device_losses[0] - 0.1
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 @pytest.mark.parametrize('data, fsdp, tensor', [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)])
 def test_every_mesh_gives_the_same_losses(one_device_losses, data, fsdp, tensor):
   losses = train_losses(small_config(data, fsdp, tensor))
   np.testing.assert_allclose(losses, one_device_losses, rtol=1e-5)
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 @pytest.mark.parametrize('optimizer', ['adafactor', 'adamw'])
 def test_four_microbatches_equal_one_big_batch(one_device_losses, optimizer):
   # small_config()'s optimizer is Adafactor: its big batch is the module's one-device run
@@ -105,14 +105,14 @@ def test_split_microbatches_keeps_every_row_once():
   np.testing.assert_array_equal(split[1, :, 0], [3, 15])  # rows 1 and 5 of the original
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 def test_dropout_training_is_reproducible():
   first, again = (train_losses(small_config(dropout=0.1), num_steps=3) for _ in range(2))
   assert first == again  # the dropout key is fold_in(rng, step): a rerun draws the same masks
   assert all(np.isfinite(first))
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 def test_chunked_loss_gives_the_same_steps():
   def config(chunks, *mesh):
     config = small_config(*mesh)
@@ -203,7 +203,7 @@ def test_loss_chunks_are_refused_where_the_objective_needs_all_logits(objective,
   assert '\n' not in str(error.value)
 
 
-@pytest.mark.slow  # 20-30 s on 2 cores
+@pytest.mark.slow  # 8-29 s on 2 cores, most over 20
 def test_a_mixtures_step_reports_each_components_loss_and_accuracy():
   """Per-component metrics of the step (its batch over 2 devices, in 2 microbatches) against the
   loss of each component's rows alone, from the model's own logits."""
