@@ -272,13 +272,18 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
   writer = metrics_lib.MetricWriter(workdir, start, history)
   preempted = preemption.Preempted(start)
   nonfinite = jnp.zeros((), jnp.bool_)
-  pending, last, step = [], {}, start
+  pending, last, step, previous_loss = [], {}, start, None
   try:
     writer.write(start, {'compile_seconds': speed.compile_seconds})
     tic = time.perf_counter()
     while step < train_cfg.steps:
       state, metrics = train_step(state, next(batches))
       step += 1
+      # Wait for the step before, this one queued behind it: the chips stay busy, and the host,
+      # never more than a step ahead, sees a SIGTERM within two steps. Running further ahead, it
+      # would see it only when it next waited, at the log line: up to log_every steps late.
+      jax.block_until_ready(previous_loss)
+      previous_loss = metrics['loss']
       nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
       done, stop = step == train_cfg.steps, preempted(step)

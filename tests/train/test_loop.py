@@ -3,10 +3,8 @@ a mixture's metrics per component."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -99,26 +97,6 @@ def test_bad_settings_fail_in_one_line_before_compiling(tmp_path, capsys, flags,
   assert train(tmp_path, *flags) == 2
   error = capsys.readouterr().err.strip().splitlines()
   assert len(error) == 1 and message in error[0], error
-
-
-def test_sigterm_saves_at_the_next_step_and_exits_75(tmp_path):
-  """A real process and signal; synthetic batches, since what the text is does not matter here
-  and the process then never imports TensorFlow."""
-  process = subprocess.Popen(
-      [sys.executable, '-m', 't5lite', 'train', f'--workdir={tmp_path}', *SMALL,
-       '--config.data.source=synthetic', '--config.train.steps=100000',
-       '--config.checkpoint.every_steps=100000'],
-      cwd=ROOT, env=one_device_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  for line in process.stdout:  # wait until it is really stepping
-    if line.startswith('step 2/'):
-      break
-  sent = time.monotonic()
-  process.send_signal(signal.SIGTERM)
-  process.stdout.read()
-  assert process.wait(timeout=60) == preemption.EXIT_STOPPED_EARLY
-  assert time.monotonic() - sent < 30
-  steps = [int(name) for name in os.listdir(tmp_path / 'checkpoints')]
-  assert len(steps) == 1 and 2 <= steps[0] < 100000
 
 
 class CountingPipeline:
