@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
@@ -14,6 +16,7 @@ import preemption_lag  # noqa: E402
 from t5lite.train import preemption  # noqa: E402
 
 
+@pytest.mark.slow  # a training process, its step compiled: 29 s on one core
 def test_a_sigterm_between_log_lines_saves_within_two_steps_of_the_device_and_exits_75(tmp_path):
   """JAX dispatches steps asynchronously: a host that never waited would run ahead to the next log
   line and stop there, steps after the device got the notice (8 steps here, measured). A real
