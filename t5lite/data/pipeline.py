@@ -242,11 +242,14 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
                 **({'size': sizes, 'other_key': other_keys} if pairs else {})}
 
   def located(rows):
-    # A block of rows: each one's stream s (its component's), the example's place i in it, and
-    # what `place` needs of the stream, looked up on vectors (row by row, these lookups cost
-    # every pipeline, a single source's too, about 4% of its rate: BENCHMARKS.md).
+    # A block of rows, kept where their component is one of this chain's: each one's stream s
+    # (its component's), the example's place i in it, and what `place` needs of the stream,
+    # looked up on vectors (row by row, these lookups cost every pipeline, a single source's
+    # too, about 4% of its rate: BENCHMARKS.md).
     c, i = _locate(segment, rows)
     s = tf.gather(stream_of, c)
+    kept = s >= 0
+    i, s = tf.boolean_mask(i, kept), tf.boolean_mask(s, kept)
     return {'i': i, 's': s, **{name: tf.gather(table, s) for name, table in per_stream.items()}}
 
   def place(row):
@@ -281,12 +284,7 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
       windows[rows, :length] = streams[s].tokens.windows(places[rows, 1], length)
     return windows
 
-  if members is None:  # every row: no component to look up
-    rows = _row_blocks(share, first_batch, data.batch_size)
-  else:  # the rows of this group's components
-    rows = _row_blocks(share, first_batch, data.batch_size, segment).map(plain(
-        lambda rows, components: tf.boolean_mask(rows, tf.gather(stream_of, components) >= 0)))
-  return (rows.map(plain(located)).unbatch()
+  return (_row_blocks(share, first_batch, data.batch_size).map(plain(located)).unbatch()
           .map(plain(place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
           .batch(READ_EXAMPLES)
           .map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
