@@ -9,6 +9,8 @@ nothing else escapes.
   text = files.read_text(path, '--input_file')  # UTF-8
   saved = files.read_json(path)                 # a JSON object
   row = files.parse_json(line, f'{path}:3')     # one line of a .jsonl file
+  files.check_schema(saved, {'size': COUNT}, str(path))  # every field's type and value
+  size = files.file_size(path)                  # of a regular file, in bytes
 
 `flag` is what named the file to the user ('data.source', '--input'); messages start with it.
 """
@@ -19,7 +21,7 @@ import lzma
 import os
 import stat
 import zlib
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from t5lite import paths
 
@@ -38,23 +40,29 @@ def named(name, flag: str = '') -> str:
 def check_file(name, flag: str = '') -> None:
   """Refuses `name` unless it is a regular file (or a symlink to one): reading a FIFO would block
   for ever, and a folder or a device is no file of data."""
+  file_size(name, flag)
+
+
+def file_size(name, flag: str = '') -> int:
+  """The size in bytes of the regular file `name`, refused as `check_file` says."""
   file = paths.path(name)
   if paths.is_uri(file):
     if file.is_dir():
       raise ValueError(f'{named(name, flag)} is a folder, not a file')
     if not file.exists():
       raise FileNotFoundError(f'{named(name, flag)}: no such file')
-    return
+    return file.stat().length
   try:
-    mode = os.stat(file).st_mode
+    status = os.stat(file)
   except FileNotFoundError:
     raise FileNotFoundError(f'{named(name, flag)}: no such file') from None
   except OSError as error:
     raise ValueError(f'{named(name, flag)} cannot be read ({error.strerror})') from None
-  if stat.S_ISDIR(mode):
+  if stat.S_ISDIR(status.st_mode):
     raise ValueError(f'{named(name, flag)} is a folder, not a file')
-  if not stat.S_ISREG(mode):
+  if not stat.S_ISREG(status.st_mode):
     raise ValueError(f'{named(name, flag)} is not a regular file (a FIFO, socket or device)')
+  return status.st_size
 
 
 def read_bytes(name, flag: str = '') -> bytes:
@@ -117,3 +125,52 @@ def check_type(value, expected: type | tuple[type, ...], where: str) -> None:
     wanted = ' or '.join(JSON_TYPES.get(t, t.__name__) for t in expected)
     raise ValueError(f'{where} is {JSON_TYPES.get(type(value), type(value).__name__)}, '
                      f'not {wanted}')
+
+
+class Field(NamedTuple):
+  """A JSON value of type `kind` for which `valid(value)` holds; `wanted` says what that is."""
+  kind: type | tuple[type, ...]
+  valid: Callable[[Any], bool]
+  wanted: str
+
+
+COUNT = Field(int, lambda n: n >= 0, 'a count (an integer, at least 0)')
+
+
+def check_schema(value, schema, where: str) -> None:
+  """Refuses a parsed JSON `value` unlike `schema`, in one line naming the first field that
+  differs ('/s/part.json: tokens.train is -3, not a count ...'). A schema is a type (see
+  `check_type`), a Field, a dict of the keys an object must have (others are let be), or a
+  one-item list: an array of such items.
+
+    check_schema(manifest, {'dtype': Field(str, DTYPES.__contains__, "'<u2' or '<u4'"),
+                            'tokens': {'train': COUNT}, 'inputs': [str]}, str(path))
+  """
+  _check_value(value, schema, where, '')
+
+
+def _check_value(value, schema, where: str, field: str) -> None:
+  named_field = f'{where}: {field}' if field else where
+  if isinstance(schema, dict):
+    check_type(value, dict, named_field)
+    for key, item in schema.items():
+      inner = f'{field}.{key}' if field else key
+      if key not in value:
+        raise ValueError(f'{where} has no {inner!r}')
+      _check_value(value[key], item, where, inner)
+  elif isinstance(schema, list):
+    check_type(value, list, named_field)
+    for index, item in enumerate(value):
+      _check_value(item, schema[0], where, f'{field}[{index}]')
+  elif isinstance(schema, Field):
+    check_type(value, schema.kind, named_field)
+    if not schema.valid(value):
+      raise ValueError(f'{named_field} is {_shown(value)}, not {schema.wanted}')
+  else:
+    check_type(value, schema, named_field)
+
+
+def _shown(value) -> str:
+  """A value as a message shows it: short, whatever its size."""
+  text = json.dumps(value)
+  return text if len(text) <= 40 else f'{text[:37]}...'

@@ -7,7 +7,7 @@ workdir or over what they did not write, and all or nothing.
     write_files_into(temp)
 
 The checks raise a one-line ValueError, having written nothing, for an output that is
---workdir, inside it or above it; inside any workdir (a folder with config.json and
+--workdir, inside it or above it; inside or above any workdir (a folder with config.json and
 checkpoints/); a file where a folder is wanted or the reverse; or in a folder that cannot be
 written. --overwrite lifts none of these. An existing output is replaced only if the command
 wrote it (an earlier output: a folder holding only the command's files, a file `earlier`
@@ -46,6 +46,10 @@ def check_folder(path: str, files: Collection[str], *, workdir: str | None = Non
     raise ValueError(f'--out={path} is a file, not a folder; give a folder')
   if not out.is_dir():
     return
+  below = next((top for top, folders, names in out.walk()
+                if 'config.json' in names and 'checkpoints' in folders), None)
+  if below is not None:
+    raise ValueError(f'--out={path} holds the workdir {below}; write it outside any workdir')
   subfolders = {name.split('/')[0] for name in files if '/' in name}
   entries = sorted(entry.name for entry in out.iterdir())
   for name in subfolders & set(entries):

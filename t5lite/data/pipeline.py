@@ -32,6 +32,7 @@ TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data ru
 import atexit
 import functools
 import os
+import re
 import weakref
 import zlib
 
@@ -65,8 +66,10 @@ class Pipeline:
   def __next__(self) -> dict[str, np.ndarray]:
     try:
       batch = next(self._batches)
-    except tf.errors.InvalidArgumentError as error:  # the pipeline's own checks
-      raise ValueError(f'data: {error.message.strip().splitlines()[0]}') from None
+    except tf.errors.InvalidArgumentError as error:  # the pipeline's own checks, and the
+      first = error.message.strip().splitlines()[0]  # ValueErrors of its Python (a damaged store)
+      raised = re.search(r'\bValueError: (.*)', first)
+      raise ValueError(raised[1] if raised else f'data: {first}') from None
     self._batch += 1
     return batch
 

@@ -26,15 +26,14 @@ import concurrent.futures
 import functools
 import hashlib
 import itertools
-import json
 import os
 import queue
 import re
 import threading
-import time
 from typing import Iterator, Sequence
 
 from absl import logging
+import google_crc32c
 import numpy as np
 
 from t5lite import files
@@ -43,9 +42,14 @@ from t5lite.data import sources
 from t5lite.data import vocabulary as vocabulary_lib
 from t5lite.data.tf_setup import tf
 
-FORMAT = 't5lite token store 1'
+FORMAT = 't5lite token store 2'
+FORMAT_1 = 't5lite token store 1'  # of 2026-11-26 and 27: no checksums
 SPLITS = ('train', 'validation')
+DTYPES = ('<u2', '<u4')
 MANIFEST = re.compile(r'part-(\d{5})-of-(\d{5})\.json')
+CHECKSUMS = '.crc32c'  # a split file's checksums: the CRC32C of each of its blocks, '<u4'
+BLOCK_BYTES = 4096  # a window (1.1 KB at 512/114) touches one or two such blocks
+VERIFY_BLOCKS = 4096  # blocks `Store.verify` reads at a time (16 MiB)
 ENCODE_CHARACTERS = 4 << 20  # text tokenized in one multithreaded call: large enough to keep
 # every thread busy, small enough that its tokens, Python ints until converted, take ~100 MB
 _REMOTE_READERS = 32  # concurrent ranged reads of a store on Cloud Storage
@@ -146,6 +150,29 @@ def _read_ahead(iterator: Iterator, depth: int = 2) -> Iterator:
     stop.set()
 
 
+class BlockChecksums:
+  """The CRC32C of each BLOCK_BYTES block of a file written in pieces of any size: `update(piece)`
+  gives the checksums of the blocks the piece completes, `final()` that of the last block,
+  however short ('<u4' bytes, as a split's CHECKSUMS file holds them)."""
+
+  def __init__(self):
+    self._crc, self._filled = 0, 0  # of the block being filled
+
+  def update(self, piece: bytes) -> bytes:
+    done, at = [], 0
+    while at < len(piece):
+      take = min(BLOCK_BYTES - self._filled, len(piece) - at)
+      self._crc = google_crc32c.extend(self._crc, piece[at:at + take])
+      self._filled, at = self._filled + take, at + take
+      if self._filled == BLOCK_BYTES:
+        done.append(self._crc)
+        self._crc, self._filled = 0, 0
+    return np.array(done, '<u4').tobytes()
+
+  def final(self) -> bytes:
+    return np.array([self._crc] if self._filled else [], '<u4').tobytes()
+
+
 # Reading: the tokens of a split, wherever they are.
 
 
@@ -186,29 +213,56 @@ def _remote_pool() -> concurrent.futures.ThreadPoolExecutor:
   return concurrent.futures.ThreadPoolExecutor(_REMOTE_READERS)
 
 
-class _TokenFile:
-  """A token file read by ranges: locally with pread, so that what was read stays in the OS's
-  page cache and never in this process's memory (a memory map would count every page it touched,
-  and the pages around it, as the process's); on Cloud Storage by ranged reads, an open file per
+class _Ranges:
+  """A file read by ranges: locally with pread, so that what was read stays in the OS's page
+  cache and never in this process's memory (a memory map would count every page it touched, and
+  the pages around it, as the process's); on Cloud Storage by ranged reads, an open file per
   thread."""
 
-  def __init__(self, name: str, dtype: np.dtype, size: int, remote: bool):
-    self._name, self._dtype, self._size = name, dtype, size
+  def __init__(self, name: str, remote: bool):
+    self.name = name
     self._local = threading.local()
     self._fd = None if remote else os.open(name, os.O_RDONLY)
+
+  def read(self, offset: int, count: int) -> bytes:
+    if self._fd is not None:
+      return os.pread(self._fd, count, offset)
+    if not hasattr(self._local, 'file'):
+      self._local.file = tf.io.gfile.GFile(self.name, 'rb')
+    self._local.file.seek(offset)
+    return self._local.file.read(count)
+
+
+class _TokenFile:
+  """A split's token file of one part, whose every read is verified: the BLOCK_BYTES blocks a
+  window touches (one or two) are read whole and checked against their CRC32C in the split's
+  checksum file, so a damaged byte is never trained on. It costs a few microseconds a window
+  (bench/corpus_store.py), not a pass over the store before the run."""
+
+  def __init__(self, name: str, dtype: np.dtype, size: int, remote: bool, damaged: str):
+    self._dtype, self._size, self._damaged = dtype, size, damaged
+    self._tokens = _Ranges(name, remote)
+    self._checksums = _Ranges(name + CHECKSUMS, remote)
 
   def __len__(self) -> int:
     return self._size
 
   def __getitem__(self, where: slice) -> np.ndarray:
-    offset = where.start * self._dtype.itemsize
-    count = (where.stop - where.start) * self._dtype.itemsize
-    if self._fd is not None:
-      return np.frombuffer(os.pread(self._fd, count, offset), self._dtype)
-    if not hasattr(self._local, 'file'):
-      self._local.file = tf.io.gfile.GFile(self._name, 'rb')
-    self._local.file.seek(offset)
-    return np.frombuffer(self._local.file.read(count), self._dtype)
+    begin, end = where.start * self._dtype.itemsize, where.stop * self._dtype.itemsize
+    first, last = begin // BLOCK_BYTES, -(-end // BLOCK_BYTES)  # the blocks [first, last)
+    offset = first * BLOCK_BYTES
+    raw = self._tokens.read(offset, min(last * BLOCK_BYTES, self._size * self._dtype.itemsize)
+                            - offset)
+    expected = np.frombuffer(self._checksums.read(first * 4, (last - first) * 4), '<u4')
+    for block, checksum in enumerate(expected):
+      data = raw[block * BLOCK_BYTES:(block + 1) * BLOCK_BYTES] if len(expected) > 1 else raw
+      if google_crc32c.value(data) != checksum:
+        at = offset + block * BLOCK_BYTES
+        raise ValueError(f'{self._tokens.name}: the bytes {at:,} to {at + len(data):,} do not '
+                         f'match their checksum: {self._damaged}')
+    if len(expected) < last - first or len(raw) < end - offset:
+      raise ValueError(f'{self._tokens.name} ends before byte {end:,}: {self._damaged}')
+    return np.frombuffer(raw, self._dtype, (end - begin) // self._dtype.itemsize, begin - offset)
 
 
 class Store:
@@ -225,14 +279,37 @@ class Store:
     if split not in sources.SPLITS:
       raise ValueError(f'split must be one of {sources.SPLITS}, got {split!r}')
     wanted = SPLITS if split == 'all' else (split,)
-    return Tokens([self._file(manifest['part'], name, manifest['tokens'][name])
-                   for name in wanted for manifest in self.manifests], paths.is_uri(self.path))
+    return Tokens([self._file(index, name) for name in wanted
+                   for index in range(len(self.manifests))], paths.is_uri(self.path))
 
   @functools.lru_cache(maxsize=None)
-  def _file(self, part: str, split: str, size: int) -> _TokenFile:
+  def _file(self, index: int, split: str) -> _TokenFile:
     """A part's token file, opened once however many pipelines read it (one per evaluation)."""
-    return _TokenFile(os.path.join(self.path, f'{part}.{split}'), self.dtype, size,
-                      paths.is_uri(self.path))
+    manifest = self.manifests[index]
+    return _TokenFile(os.path.join(self.path, f'{manifest["part"]}.{split}'), self.dtype,
+                      manifest['tokens'][split], paths.is_uri(self.path),
+                      _damaged(self.path, index, len(self.manifests)))
+
+  def verify(self, progress=None) -> int:
+    """Reads every block of every part and checks its checksum, and every token against the
+    vocabulary's size; returns the tokens read. One ValueError line naming the part and the
+    offset of the first damaged block. `progress(tokens read)`, if given, after each read."""
+    done = 0
+    for index, manifest in enumerate(self.manifests):
+      for split in SPLITS:
+        file, size = self._file(index, split), manifest['tokens'][split]
+        step = VERIFY_BLOCKS * BLOCK_BYTES // self.dtype.itemsize
+        for begin in range(0, size, step):
+          tokens = file[begin:min(begin + step, size)]
+          if tokens.size and tokens.max() >= self.vocabulary['size']:
+            where = begin + int(np.argmax(tokens >= self.vocabulary['size']))
+            raise ValueError(f'{self.path}/{manifest["part"]}.{split}: token {where:,} is id '
+                             f'{tokens.max()}, past the vocabulary\'s {self.vocabulary["size"]:,} '
+                             f'ids: {_damaged(self.path, index, len(self.manifests))}')
+          done += tokens.size
+          if progress:
+            progress(done)
+    return done
 
   def check_vocabulary(self, vocab: vocabulary_lib.Vocabulary, name: str) -> None:
     if self.vocabulary['sha256'] != vocabulary_digest(vocab):
@@ -261,9 +338,17 @@ class Store:
             f'  skipped: {dict(sorted(skipped.items())) or "nothing"}')
 
 
+def _damaged(path: str, index: int, count: int) -> str:
+  """The end of every message about a damaged part: what to do."""
+  return (f'the store is damaged; prepare part {index} of {count} again (--overwrite '
+          f'--shard_index={index} --num_shards={count}), and check the rest with '
+          f'`t5lite data --verify={path}`')
+
+
 def read_manifests(path: str, flag: str) -> list[dict]:
   """The manifests of every part of the store at `path`, in order; one ValueError line for a
-  folder that is no store, a part missing, cut short or of another vocabulary or format."""
+  folder that is no store, a part missing, damaged, of another format, vocabulary or setting,
+  or a part's file of another size than its manifest says or no regular file."""
   folder = paths.path(path)
   found = {}
   for entry in folder.iterdir():
@@ -280,41 +365,75 @@ def read_manifests(path: str, flag: str) -> list[dict]:
   missing = [i for i in range(count) if (i, count) not in found]
   if missing:
     raise ValueError(f'{flag}: {path} lacks part(s) {", ".join(map(str, missing[:5]))}'
-                     f'{" ..." if len(missing) > 5 else ""} of {count} (their prepare has not '
-                     'finished)')
-  manifests = [_read_manifest(found[i, count], flag) for i in range(count)]
+                     f'{" ..." if len(missing) > 5 else ""} of {count}: prepare each with '
+                     f'--num_shards={count} --shard_index=N (or wait for those being prepared)')
+  manifests = [_read_manifest(found[i, count], i, count, path, flag) for i in range(count)]
   for manifest in manifests[1:]:
-    if manifest['vocabulary']['sha256'] != manifests[0]['vocabulary']['sha256']:
-      raise ValueError(f'{flag}: {path}: {manifest["part"]} was prepared with another vocabulary '
-                       f'than {manifests[0]["part"]} ({manifest["vocabulary"]["name"]!r})')
-  for manifest in manifests:
-    dtype = np.dtype(manifest['dtype'])
+    for key in ('vocabulary', 'dtype', 'validation_fraction'):
+      if manifest[key] != manifests[0][key]:
+        raise ValueError(f'{flag}: {path}: {manifest["part"]} was prepared with another {key} '
+                         f'than {manifests[0]["part"]} ({_setting(manifest[key])} vs '
+                         f'{_setting(manifests[0][key])})')
+  for index, manifest in enumerate(manifests):
     for split in SPLITS:
-      file = folder / f'{manifest["part"]}.{split}'
-      size = file.stat().length if file.exists() else -1
-      if size != manifest['tokens'][split] * dtype.itemsize:
-        raise ValueError(f'{flag}: {file} holds {max(size, 0)} bytes, its manifest says '
-                         f'{manifest["tokens"][split]} tokens: the store is damaged; prepare '
-                         f'that part again')
+      token_bytes = manifest['tokens'][split] * np.dtype(manifest['dtype']).itemsize
+      for suffix, size in (('', token_bytes), (CHECKSUMS, 4 * -(-token_bytes // BLOCK_BYTES))):
+        file = folder / f'{manifest["part"]}.{split}{suffix}'
+        try:
+          found_size = files.file_size(file, flag)
+        except (ValueError, FileNotFoundError) as error:
+          raise ValueError(f'{error}: {_damaged(path, index, count)}') from None
+        if found_size != size:
+          raise ValueError(f'{files.named(file, flag)} holds {found_size:,} bytes, its manifest '
+                           f'says {size:,}: {_damaged(path, index, count)}')
   return manifests
 
 
-_MANIFEST_KEYS = {'format': str, 'part': str, 'dtype': str, 'vocabulary': dict, 'tokens': dict,
-                  'documents': dict, 'skipped': dict, 'source': str, 'validation_fraction': float}
+def _setting(value) -> str:
+  return value['name'] if isinstance(value, dict) else repr(value)
 
 
-def _read_manifest(file, flag: str) -> dict:
-  manifest = files.read_json(file, flag)
-  for key, kind in _MANIFEST_KEYS.items():
-    if key not in manifest:
-      raise ValueError(f'{files.named(file, flag)} is no token store manifest (no {key!r})')
-    files.check_type(manifest[key], kind, f'{files.named(file, flag)}: {key}')
-  if manifest['format'] != FORMAT:
-    raise ValueError(f'{files.named(file, flag)} is of format {manifest["format"]!r}; this '
-                     f't5lite reads {FORMAT!r}')
-  for key in ('tokens', 'documents'):
-    for split in SPLITS:
-      files.check_type(manifest[key].get(split), int, f'{files.named(file, flag)}: {key}.{split}')
+def _manifest_schema(part: str) -> dict:
+  """What every field of part `part`'s manifest must be (t5lite/files.py checks it)."""
+  counts = {split: files.COUNT for split in SPLITS}
+  return {
+      'format': files.Field(str, lambda f: f == FORMAT, repr(FORMAT)),
+      'part': files.Field(str, lambda p: p == part, f'{part!r}, as its file is named'),
+      'dtype': files.Field(str, lambda d: d in DTYPES, ' or '.join(map(repr, DTYPES))),
+      'vocabulary': {'name': str,
+                     'sha256': files.Field(str, lambda h: re.fullmatch('[0-9a-f]{64}', h),
+                                           'a SHA-256 (64 hex digits)'),
+                     'size': files.Field(int, lambda n: n > 0, 'a size (at least 1)')},
+      'source': str, 'text_key': str, 'inputs': [str],
+      'validation_fraction': files.Field(float, lambda f: 0 <= f < 1, 'in [0, 1)'),
+      'documents': counts, 'tokens': counts,
+      'skipped': files.Field(dict, lambda counts: all(
+          isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()),
+                             'counts by reason'),
+      'checksums': {'algorithm': files.Field(str, lambda a: a == 'crc32c', "'crc32c'"),
+                    'block_bytes': files.Field(int, lambda b: b == BLOCK_BYTES,
+                                               f'{BLOCK_BYTES}')},
+  }
+
+
+def _read_manifest(file, index: int, count: int, path: str, flag: str) -> dict:
+  """Part `index`'s manifest, every field checked; its dtype the one its vocabulary needs."""
+  where = files.named(file, flag)
+  try:
+    manifest = files.read_json(file, flag)
+  except (ValueError, FileNotFoundError) as error:
+    raise ValueError(f'{error}: {_damaged(path, index, count)}') from None
+  if manifest.get('format') == FORMAT_1:
+    raise ValueError(f'{where} is of {FORMAT_1!r}, before block checksums; this t5lite reads '
+                     f'{FORMAT!r}: prepare the store again')
+  try:
+    files.check_schema(manifest, _manifest_schema(part_name(index, count)), where)
+    wanted = token_dtype(manifest['vocabulary']['size']).str
+    if manifest['dtype'] != wanted:
+      raise ValueError(f'{where}: dtype is {manifest["dtype"]!r}, not {wanted!r} as a '
+                       f'vocabulary of {manifest["vocabulary"]["size"]:,} ids needs')
+  except ValueError as error:
+    raise ValueError(f'{error}: {_damaged(path, index, count)}') from None
   return manifest
 
 

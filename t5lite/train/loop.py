@@ -21,12 +21,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from t5lite import files
+from t5lite import lock as lock_lib
 from t5lite import outputs
 from t5lite import paths
 from t5lite.data import batches as batches_lib
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
-from t5lite.train import lock as lock_lib
 from t5lite.train import preemption
 from t5lite.train import run as run_lib
 from t5lite.train import state as state_lib
@@ -228,7 +228,7 @@ def checked_batches(config, inputs: Inputs, start, sharding: NamedSharding) -> '
 @contextlib.contextmanager
 def lock_workdir(workdir: str, command: str):
   """Holds the workdir's lock, taken by process 0; every process fails alike when it is refused."""
-  lock = lock_lib.WorkdirLock(workdir, command, enabled=jax.process_index() == 0)
+  lock = lock_lib.Lock(workdir, command, enabled=jax.process_index() == 0)
   refused = None
   try:
     lock.acquire()

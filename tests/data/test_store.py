@@ -333,6 +333,14 @@ def big_corpus(folder, files: int = 12) -> str:
   return str(folder / '*.jsonl.gz')
 
 
+def wait_for_tokens(process: subprocess.Popen, out) -> None:
+  """Returns once `process`, a prepare of part 0 of 1 into `out`, has written tokens."""
+  deadline = time.monotonic() + 120
+  while not any(f.stat().st_size for f in out.glob('.part-00000-of-00001.train.*.tmp')):
+    assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+    time.sleep(0.01)
+
+
 @pytest.mark.slow  # two prepare processes and a clean one: about 40 s on 2 cores
 def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path, capsys):
   source = big_corpus(tmp_path / 'text')
@@ -340,19 +348,19 @@ def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path,
   process = subprocess.Popen([sys.executable, '-m', 't5lite', 'prepare', f'--source={source}',
                               f'--out={out}', '--workers=1'], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  staging = out / '.part-00000-of-00001.train.tmp'
-  deadline = time.monotonic() + 120
-  while not (staging.exists() and staging.stat().st_size) and time.monotonic() < deadline:
-    assert process.poll() is None, process.communicate()
-    time.sleep(0.01)
+  wait_for_tokens(process, out)
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not list(out.glob('*.json'))  # no part: a reader sees no store
   with pytest.raises(ValueError, match='holds no token store'):
     store.Store(str(out))
-  assert prepare(capsys, f'--source={source}', f'--out={out}')[0] == 0
+  status, _, err = prepare(capsys, f'--source={source}', f'--out={out}')
+  assert status == 0 and re.fullmatch(  # the killed run's lock, taken over
+      f'taking over the lock of part 0 of 1 of {out} left by pid {process.pid} on host .* since '
+      '.* \\(no longer running\\)\n', err), err
   assert sorted(os.listdir(out)) == [f'part-00000-of-00001.{s}' for s in
-                                     ('json', 'train', 'validation')]
+                                     ('json', 'train', 'train.crc32c', 'validation',
+                                      'validation.crc32c')]
   assert prepare(capsys, f'--source={source}', f'--out={tmp_path / "clean"}')[0] == 0
   for name in os.listdir(out):
     assert (out / name).read_bytes() == (tmp_path / 'clean' / name).read_bytes(), name

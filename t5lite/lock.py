@@ -1,5 +1,6 @@
-"""One run per workdir: `train` and `finetune` hold `<workdir>/t5lite.lock` while they run, so a
-second run on the same workdir stops at once instead of writing checkpoints over the first's.
+"""One writer at a time: `train` and `finetune` hold `<workdir>/t5lite.lock` while they run, so a
+second run on the same workdir stops at once instead of writing checkpoints over the first's;
+`prepare` holds a lock per part of a token store (`.part-00000-of-00004.lock`) in the same way.
 
 The lock is a JSON file naming its holder: host, pid, the process's start time, when it started,
 its command, and a heartbeat that the holder rewrites every `heartbeat_seconds`. A run killed
@@ -39,17 +40,21 @@ STALE_SECONDS = 300  # ten missed heartbeats: a busy or briefly disconnected hos
 RECORD_KEYS = {'token', 'host', 'pid', 'start_ticks', 'heartbeat'}  # what a holder is judged by
 
 
-class WorkdirLock:
-  """`with WorkdirLock(workdir, 't5lite train'):` holds the workdir for the block.
+class Lock:
+  """`with Lock(workdir, 't5lite train'):` holds the workdir for the block.
 
-  `enabled=False` (processes other than 0 of a multi-host run) makes it do nothing.
+  `name`: the lock file's name in `folder`; `what`: how messages name what is locked (the folder;
+  'part 0 of 4 of stores/c4'). `enabled=False` (processes other than 0 of a multi-host run)
+  makes it do nothing.
   """
 
-  def __init__(self, workdir: str, command: str, *, enabled: bool = True,
+  def __init__(self, folder: str, command: str, *, name: str = LOCK_NAME,
+               what: str | None = None, enabled: bool = True,
                heartbeat_seconds: float = HEARTBEAT_SECONDS,
                stale_seconds: float = STALE_SECONDS):
-    self.workdir, self.enabled = workdir, enabled
-    self.path = paths.path(workdir) / LOCK_NAME
+    self.what, self.enabled = what or folder, enabled
+    self._place = what or f'workdir {folder}'  # what "cannot write to ..." names
+    self.path = paths.path(folder) / name
     self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
     self.host, self.pid = socket.gethostname(), os.getpid()
     self.token = uuid.uuid4().hex
@@ -67,9 +72,9 @@ class WorkdirLock:
   def __exit__(self, *exc_info):
     self.release()
 
-  def acquire(self) -> 'WorkdirLock':
-    """Takes the lock, creating the workdir if needed; a ValueError in one line if a live run
-    holds it or the workdir cannot be written."""
+  def acquire(self) -> 'Lock':
+    """Takes the lock, creating the folder if needed; a ValueError in one line if a live run
+    holds it or the folder cannot be written."""
     if not self.enabled:
       return self
     try:
@@ -82,12 +87,11 @@ class WorkdirLock:
         if why is None:
           raise ValueError(self._in_use(holder))
         if self._take_over(holder):
-          print(f'taking over the lock of {self.workdir} left by pid {holder["pid"]} on host '
+          print(f'taking over the lock of {self.what} left by pid {holder["pid"]} on host '
                 f'{holder["host"]} since {holder["since"]} ({why})', file=sys.stderr, flush=True)
           break
     except OSError as error:
-      raise ValueError(f'cannot write to workdir {self.workdir}: {error.strerror or error}'
-                       ) from None
+      raise ValueError(f'cannot write to {self._place}: {error.strerror or error}') from None
     self._stop.clear()
     self._heartbeat = threading.Thread(target=self._beat, daemon=True, name='t5lite.lock')
     self._heartbeat.start()
@@ -105,7 +109,7 @@ class WorkdirLock:
       if holder is not None and holder['token'] == self.token:
         self.path.unlink(missing_ok=True)
     except OSError as error:  # the run itself is done: the next one takes the lock over
-      print(f'warning: could not remove the lock of {self.workdir}: {error}', file=sys.stderr,
+      print(f'warning: could not remove the lock of {self.what}: {error}', file=sys.stderr,
             flush=True)
 
   def _record(self) -> dict:
@@ -129,7 +133,7 @@ class WorkdirLock:
 
   def _replace(self) -> None:
     """Our record in place of the lock, whole: readers never see a partly written file."""
-    temporary = self.path.with_name(f'{LOCK_NAME}.{self.token}.tmp')
+    temporary = self.path.with_name(f'{self.path.name}.{self.token}.tmp')
     temporary.write_text(json.dumps(self._record()))
     temporary.replace(self.path)
 
@@ -147,7 +151,7 @@ class WorkdirLock:
       if isinstance(record, dict) and RECORD_KEYS <= record.keys():
         return record
       break
-    raise ValueError(f'{path} is not a t5lite lock file; remove it if no run uses {self.workdir}')
+    raise ValueError(f'{path} is not a t5lite lock file; remove it if no run uses {self.what}')
 
   def _why_stale(self, holder: dict) -> str | None:
     """Why the holder of a lock is taken to be gone, None while it may be running."""
@@ -160,13 +164,13 @@ class WorkdirLock:
     heard = ('' if holder['host'] == self.host else
              f' (last heartbeat {time.time() - holder["heartbeat"]:.0f} s ago, stale after '
              f'{self.stale_seconds:.0f} s)')
-    return (f'{self.workdir} is in use by {holder["command"]} on host {holder["host"]}, pid '
+    return (f'{self.what} is in use by {holder["command"]} on host {holder["host"]}, pid '
             f'{holder["pid"]}, since {holder["since"]}{heard}; wait for it or stop it')
 
   def _take_over(self, holder: dict) -> bool:
     """Replaces the stale lock `holder` with ours; False if another run got there first or the
     lock changed, so the caller looks again."""
-    marker = self.path.with_name(f'{LOCK_NAME}.takeover-{holder["token"]}')
+    marker = self.path.with_name(f'{self.path.name}.takeover-{holder["token"]}')
     if not self._create(marker):
       taker = self._read(marker)
       if taker is not None and self._why_stale(taker):
@@ -190,11 +194,11 @@ class WorkdirLock:
         if holder is None or holder['token'] != self.token:
           taker = 'it was removed' if holder is None else (
               f'pid {holder["pid"]} on host {holder["host"]} took it over')
-          print(f'warning: lost the lock of {self.workdir}: {taker}', file=sys.stderr, flush=True)
+          print(f'warning: lost the lock of {self.what}: {taker}', file=sys.stderr, flush=True)
           return
         self._replace()
       except (OSError, ValueError) as error:  # a passing storage error: try at the next beat
-        print(f'warning: could not refresh the lock of {self.workdir}: {error}', file=sys.stderr,
+        print(f'warning: could not refresh the lock of {self.what}: {error}', file=sys.stderr,
               flush=True)
 
 
