@@ -30,6 +30,7 @@ setuptools.setup(
         'safetensors==0.8.0',
         # orbax imports it for any gs:// checkpoint folder (to check the bucket's layout)
         'google-cloud-storage==3.17.1',
+        'google-crc32c==1.9.0',  # the checksums of a token store's blocks
     ],
     extras_require={
         'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0',  # `make test` runs 2 at a time

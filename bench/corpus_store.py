@@ -12,8 +12,10 @@ measures, and removes it all. Each measurement is a child process:
   (timing the encode calls only: the physical limit of tokenizing here).
 - reads: training batches at 512/114 (span corruption, batch 128) in examples per CPU-second of
   the process (all its threads), from a store of the bundled corpus, from the bundled corpus in
-  memory and from the big store; with --baseline_tree (a checkout of an earlier t5lite), from
-  the bundled corpus by that tree's in-memory path too.
+  memory and from the big store; and windows of 568 tokens alone, read at random places of the
+  big store, per CPU-second. With --baseline_tree (a checkout of an earlier t5lite), that tree
+  reads the bundled corpus in memory, and prepares the big corpus into a store of its own format
+  and reads it (before 2026-11-28: no checksums to verify), side by side.
 - start: `t5lite data --num_batches=1` from the big store and from a 10 MB one: wall time to the
   batch written and peak resident memory (the median of --repeats runs each, alternating).
 """
@@ -85,11 +87,11 @@ def t5lite(*args) -> list[str]:
   return [sys.executable, '-m', 't5lite', *args]
 
 
-def prepare(source: str, out: str) -> tuple[int, float, float]:
+def prepare(source: str, out: str, tree: str = ROOT) -> tuple[int, float, float]:
   """(tokens, wall seconds of `t5lite prepare` on every core, seconds of its work after the
-  imports): the command runs in a child that times the call."""
+  imports): the command, of the t5lite in `tree`, runs in a child that times the call."""
   done, wall, _ = child([sys.executable, __file__, '--child=prepare', f'--source={source}',
-                         f'--out={out}'])
+                         f'--out={out}'], dict(os.environ, PYTHONPATH=tree))
   with open(os.path.join(out, 'part-00000-of-00001.json'), encoding='utf-8') as f:
     return sum(json.load(f)['tokens'].values()), wall, json.loads(done.stdout)['seconds']
 
@@ -151,6 +153,29 @@ def reads_child(source: str, num_batches: int) -> None:
                     'wall_s': time.perf_counter() - start}))
 
 
+def window_reads(store: str, tree: str = ROOT) -> float:
+  """Windows of 568 tokens (512/114's raw length) read per CPU-second from `store`, at random
+  places, by the t5lite in `tree`: the reads alone, without the pipeline around them."""
+  done, _, _ = child([sys.executable, __file__, '--child=windows', f'--source={store}'],
+                     dict(os.environ, PYTHONPATH=tree))
+  return json.loads(done.stdout)['windows_per_cpu_s']
+
+
+def windows_child(source: str, calls: int = 200, per_call: int = 512) -> None:
+  from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
+  from t5lite.data import store  # pylint: disable=import-outside-toplevel
+  data = config_lib.base_config().data
+  data.source = source
+  tokens = store.split_tokens(data, 'train')
+  begins = np.random.default_rng(0).integers(0, tokens.size - 568, (calls, per_call))
+  before = resource.getrusage(resource.RUSAGE_SELF)
+  for places in begins:
+    tokens.windows(places, 568)
+  after = resource.getrusage(resource.RUSAGE_SELF)
+  cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+  print(json.dumps({'windows_per_cpu_s': begins.size / cpu}))
+
+
 def start_up(store: str, scratch: str) -> tuple[float, float]:
   """(wall seconds, peak MiB) of `t5lite data --num_batches=1` from `store`."""
   out = os.path.join(scratch, 'batch.npz')
@@ -164,10 +189,12 @@ def main() -> None:
   flags.add_argument('--gigabytes', type=float, default=1.0, help='size of the generated corpus')
   flags.add_argument('--repeats', type=int, default=3, help='runs of each start-up measurement')
   flags.add_argument('--read_batches', type=int, default=20, help='batches timed per read run')
-  flags.add_argument('--baseline_tree', help='an earlier t5lite checkout to read bundled with')
+  flags.add_argument('--baseline_tree', help='an earlier t5lite checkout: it reads the bundled '
+                     'corpus in memory, and prepares and reads the big store its own way')
   flags.add_argument('--parts', default='prepare,reads,start',
                      help='which measurements, comma-separated (the big store is always made)')
-  flags.add_argument('--child', choices=('encode', 'reads', 'prepare'), help=argparse.SUPPRESS)
+  flags.add_argument('--child', choices=('encode', 'reads', 'prepare', 'windows'),
+                     help=argparse.SUPPRESS)
   flags.add_argument('--source', help=argparse.SUPPRESS)
   flags.add_argument('--out', help=argparse.SUPPRESS)
   flags.add_argument('--batches', type=int, help=argparse.SUPPRESS)
@@ -178,6 +205,8 @@ def main() -> None:
     return reads_child(args.source, args.batches)
   if args.child == 'prepare':
     return prepare_child(args.source, args.out)
+  if args.child == 'windows':
+    return windows_child(args.source)
 
   scratch = tempfile.mkdtemp(prefix='t5lite-corpus-store-')
   try:
@@ -218,17 +247,29 @@ def print_reads(big: str, scratch: str, args) -> None:
   sources = {'bundled_store': (bundled, ROOT), 'bundled_in_memory': ('bundled', ROOT),
              'big_store': (big, ROOT)}
   if args.baseline_tree:
-    sources['bundled_in_memory_baseline'] = ('bundled', os.path.abspath(args.baseline_tree))
+    baseline = os.path.abspath(args.baseline_tree)
+    big_baseline = os.path.join(scratch, 'big_baseline')  # the same tokens, in its format
+    prepare(os.path.join(scratch, 'text', '*.jsonl'), big_baseline, baseline)
+    sources.update(bundled_in_memory_baseline=('bundled', baseline),
+                   big_store_baseline=(big_baseline, baseline))
   rates = {name: [] for name in sources}
+  windows = {name: [] for name in sources if name.startswith('big_store')}
   for repeat in range(args.repeats):
     for name in (sources if repeat % 2 == 0 else reversed(sources)):
       rates[name].append(reads(sources[name][0], args.read_batches, sources[name][1]))
+      if name in windows:
+        windows[name].append(window_reads(*sources[name]))
   medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
+  window_medians = {name: round(statistics.median(r)) for name, r in windows.items()}
   print(json.dumps({
       'bench': 'corpus_store/reads', 'setting': READS, 'examples_per_cpu_s': medians,
+      'windows_per_cpu_s': window_medians,
       'store_vs_in_memory': round(medians['bundled_store'] / medians['bundled_in_memory'], 3),
       **({'store_vs_baseline_in_memory': round(
-          medians['bundled_store'] / medians['bundled_in_memory_baseline'], 3)}
+          medians['bundled_store'] / medians['bundled_in_memory_baseline'], 3),
+          'big_store_vs_baseline': round(medians['big_store'] / medians['big_store_baseline'], 3),
+          'big_store_windows_vs_baseline': round(
+              window_medians['big_store'] / window_medians['big_store_baseline'], 3)}
          if args.baseline_tree else {}),
       'runs': args.repeats, **machine()}), flush=True)
 

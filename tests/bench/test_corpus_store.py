@@ -25,6 +25,8 @@ def test_the_bench_reports_every_ratio_from_a_corpus_it_writes_and_removes(tmp_p
   reads = rows['corpus_store/reads']
   assert set(reads['examples_per_cpu_s']) == {'bundled_store', 'bundled_in_memory', 'big_store'}
   assert all(rate > 0 for rate in reads['examples_per_cpu_s'].values())
+  assert set(reads['windows_per_cpu_s']) == {'big_store'} and reads['windows_per_cpu_s'][
+      'big_store'] > 1000  # 200 calls of 512 windows
   start = rows['corpus_store/start']
   assert start['store_bytes']['small'] > 0.9 * 2 * 10e6 / 5  # 10 MB of text: 2 bytes a token
   assert all(peak > 100 for peak in start['peak_rss_mib'].values())
