@@ -9,10 +9,11 @@ threads. Part i of N takes the source's inputs (files, or a TFDS dataset's file 
 (i+1)*n/N) in order, so the parts in order hold the corpus in order and need no merge pass: run
 them on N machines at once (a SLURM array, the workers of a TPU VM slice) or one after another.
 
-A part is the unit of a restart. Its files are written under hidden temporary names (on Cloud
-Storage, as objects no reader looks at before the manifest), renamed into place when the part is
-complete, and its manifest is written last. A killed part run again starts over, replacing what
-the killed run left; a part that is complete is refused unless --overwrite.
+A part is the unit of a restart, and of safety (`_PartWriter`): one run at a time writes it,
+under hidden names of its own (on Cloud Storage, objects no reader looks at), and its files take
+their places only when it is complete, the manifest last, so that a refused or interrupted run
+leaves the store as it was. A killed part run again starts over, replacing what the killed run
+left; a part that is complete is refused unless --overwrite.
 """
 
 import collections
