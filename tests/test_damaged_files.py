@@ -38,6 +38,7 @@ from tests.texts import keyword_task, random_corpus
 SCALE = int(os.environ.get('T5LITE_FUZZ_SCALE', '1'))  # above 1: the long profile
 SECONDS_PER_COMMAND = 120  # a command that takes longer is blocked (on a FIFO, say)
 DEEP = 100_000  # JSON nesting
+STORE_PART = 'part-00000-of-00001'  # the world's token store has one part
 BUNDLED_VOCABULARY = os.path.join(os.path.dirname(cli.__file__), 'data', 'bundled', 'vocab.model')
 
 
@@ -45,7 +46,8 @@ BUNDLED_VOCABULARY = os.path.join(os.path.dirname(cli.__file__), 'data', 'bundle
 def world(tmp_path_factory) -> str:
   """A folder of the valid files every case copies from: a run at step 1 (TINY_RUN on the
   corpus: its checkpoint, config.json and metrics.jsonl), its Hugging Face export, the corpus as
-  .txt, .txt.xz and .jsonl.gz, a task as .tsv and .jsonl, prompts, and a SentencePiece model."""
+  .txt, .txt.xz and .jsonl.gz and as a token store, a task as .tsv and .jsonl, prompts, and a
+  SentencePiece model."""
   base = tmp_path_factory.mktemp('damage_world')
   text = random_corpus(base / 'corpus.txt')
   raw = (base / 'corpus.txt').read_bytes()
@@ -59,6 +61,7 @@ def world(tmp_path_factory) -> str:
   (base / 'prompts.jsonl').write_text('{"input": "the sea <extra_id_0> ship"}\n'
                                       '{"input": "a letter"}\n')
   shutil.copy(BUNDLED_VOCABULARY, base / 'vocab.model')
+  assert cli.main(['prepare', f'--source={text}', f'--out={base / "store"}']) == 0
   assert cli.main(['train', f'--workdir={base / "run"}', *TINY_RUN, f'--config.data.source={text}',
                    '--config.checkpoint.every_steps=1']) == 0
   assert cli.main(['export', f'--workdir={base / "run"}', f'--out={base / "hf"}']) == 0
@@ -158,6 +161,8 @@ KINDS = [
          'compressed', 60),
     Kind('vocabulary', 'vocab.model', show_data('corpus.txt', 'vocab.model'),
          ('vocab.model', 'corpus.txt'), examples=30),
+    # a token store, read by a run
+    Kind('store-manifest', f'store/{STORE_PART}.json', show_data('store'), ('store',), 'json', 40),
     # fine-tuning tasks and infer's inputs
     Kind('task-tsv', 'task.tsv', finetune('task.tsv'), (*RUN, 'task.tsv'), examples=6),
     Kind('task-jsonl', 'task.jsonl', finetune('task.jsonl'), (*RUN, 'task.jsonl'), 'jsonl', 2),
