@@ -316,6 +316,10 @@ class Store:
       raise ValueError(f'{self._flag}: {self.path} was prepared with the vocabulary '
                        f'{self.vocabulary["name"]!r} (sha256 {self.vocabulary["sha256"][:12]}), '
                        f'not data.vocabulary={name!r}; prepare it again or set data.vocabulary')
+    if self.vocabulary['size'] != vocab.vocab_size:
+      raise ValueError(f'{self._flag}: {self.path}: its manifests say its vocabulary has '
+                       f'{self.vocabulary["size"]:,} ids, data.vocabulary={name!r} (the same '
+                       f'model) has {vocab.vocab_size:,}: the store is damaged; prepare it again')
 
   def summary(self) -> str:
     """What the store holds and was prepared from, for `t5lite data --show`."""
@@ -362,6 +366,10 @@ def read_manifests(path: str, flag: str) -> list[dict]:
   if len(counts) > 1:
     raise ValueError(f'{flag}: {path} mixes parts of stores of {counts[0]} and {counts[1]} parts')
   count = counts[0]
+  strays = sorted(index for index, _ in found if index >= count)
+  if strays:
+    raise ValueError(f'{flag}: {path} holds {found[strays[0], count].name}, but a store of '
+                     f'{count} parts has no part {strays[0]}: the store is damaged')
   missing = [i for i in range(count) if (i, count) not in found]
   if missing:
     raise ValueError(f'{flag}: {path} lacks part(s) {", ".join(map(str, missing[:5]))}'

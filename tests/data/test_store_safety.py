@@ -364,3 +364,22 @@ def test_a_resumed_run_that_meets_a_damaged_store_stops_in_one_line_and_writes_n
                      f'{out}/{PART}.train: the bytes [0-9,]+ to [0-9,]+ do not match their '
                      'checksum: the store is damaged', err), err
     assert snapshot(workdir) == before, changes(before, snapshot(workdir))
+
+
+def test_a_manifest_at_odds_with_the_store_or_the_vocabulary_is_refused(small, tmp_path, capsys):
+  _, clean = small
+  out = copy_of(clean, tmp_path)
+  manifest = json.loads((out / f'{PART}.json').read_text())
+  (out / 'part-00003-of-00001.json').write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match='holds part-00003-of-00001.json, but a store of 1 parts '
+                                       'has no part 3: the store is damaged'):
+    store.Store(str(out))
+  os.remove(out / 'part-00003-of-00001.json')
+  manifest['vocabulary']['size'] = 8000
+  (out / f'{PART}.json').write_text(json.dumps(manifest))
+  status = cli.main(['data', f'--config={ROOT}/configs/t5_tiny.py', '--show=1',
+                     f'--config.data.source={out}'])
+  err = capsys.readouterr().err
+  assert status == 2 and err == (f't5lite data: error: data.source: {out}: its manifests say its '
+                                 "vocabulary has 8,000 ids, data.vocabulary='bundled' (the same "
+                                 'model) has 8,100: the store is damaged; prepare it again\n')
