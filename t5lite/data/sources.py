@@ -11,8 +11,10 @@ A source (`data.source`, `t5lite prepare --source`) is comma-separated parts, ea
 
 `inputs()` lists a source's Inputs in order (its files; a TFDS dataset's file shards), so that
 `t5lite prepare` can share them among machines, and each Input streams its documents in bounded
-memory. A damaged piece of a file (a line that is not JSON or lacks the text, bytes that are not
-UTF-8, an empty document) is skipped and counted by reason; what makes the file itself unusable
+memory. A piece of a file (a line of .jsonl, a paragraph of .txt, a row of parquet, a record of
+TFDS) that is empty is skipped and counted; one that is malformed (not UTF-8; not a JSON object
+with a string under the text key) is skipped and counted too, and a file with more than
+`max_bad_fraction` of them is refused (see `Skipped`). What makes the file itself unusable
 (missing, unreadable, cut short, a .jsonl none of whose lines holds text, a parquet file without
 the column) is one ValueError line naming it.
 
@@ -27,6 +29,7 @@ import glob
 import gzip
 import importlib.resources
 import io
+import json
 import lzma
 import os
 import zlib
@@ -45,6 +48,7 @@ SPLITS = ('train', 'validation', 'all')
 TEXT_KINDS = ('.txt', '.jsonl')
 KINDS = TEXT_KINDS + ('.parquet',)
 COMPRESSIONS = ('.gz', '.xz', '.zst')
+MAX_BAD_FRACTION = 0.01  # of a file's pieces that may be malformed, and skipped
 
 _HASH_BUCKETS = 1 << 20
 _PARQUET_ROWS = 1024  # rows read at a time from a parquet file
@@ -60,11 +64,82 @@ class Input:
   split: str | None = None
 
   def documents(self, skipped: collections.Counter) -> Iterator[str]:
+    """The texts, in order; what is skipped is added to `skipped` (a Skipped, or any Counter of
+    reason -> count) when the input has been read through."""
     raise NotImplementedError
 
   def fraction_read(self) -> float:
     """How much of the input `documents` has read so far, for a progress line's ETA."""
     return 0.0
+
+
+class Skipped(collections.Counter):
+  """The pieces a source's documents left out, by reason (the Counter a store's manifest
+  records), with the pieces read and where the first malformed one is ('a.jsonl:17').
+
+  A piece is a line of .jsonl, a paragraph of .txt, a row of parquet, a record of TFDS. Empty
+  files, empty documents and parquet nulls are counted; malformed pieces (not UTF-8; not a JSON
+  object with a string under the text key) are counted and bounded per file: adding a file's
+  count that is more than `max_bad_fraction` malformed is one ValueError line naming `flag`.
+  Per file, not per source: in a source's average one binary file named .jsonl among a thousand
+  good ones is lost, and the verdict on a file would change with the files beside it and with
+  `prepare --num_shards`; per file it is the same in memory and in every part, and a wrong text
+  key fails on the first file instead of becoming a store of the few lines that have it.
+  """
+
+  def __init__(self, counts=(), /, *, max_bad_fraction: float = MAX_BAD_FRACTION,
+               flag: str = '--max_bad_fraction'):
+    if not 0 <= max_bad_fraction <= 1:
+      raise ValueError(f'{flag}={max_bad_fraction} must be in [0, 1]')
+    self.max_bad_fraction, self.flag = max_bad_fraction, flag
+    self.read, self.first_malformed = 0, ''
+    super().__init__(counts)
+
+  def update(self, counts=(), /, **more):
+    """Adds `counts` (reason -> count); from an Input's count of one file, also its pieces read
+    and its first malformed one, after refusing the file if too many of its pieces are."""
+    super().update(counts, **more)
+    if isinstance(counts, _FileCount):
+      malformed = sum(counts.malformed.values())
+      if malformed > self.max_bad_fraction * counts.read:
+        raise ValueError(
+            f'{self.flag}: {malformed:,} of the {counts.read:,} {counts.unit} of {counts.name} '
+            f'are malformed ({_reasons(counts.malformed)}; the first at '
+            f'{counts.first_malformed}), more than {self.max_bad_fraction:g} of them')
+      self.read += counts.read
+      self.first_malformed = self.first_malformed or counts.first_malformed
+
+  def line(self) -> str:
+    """What was skipped, one line for stderr at the end: 'skipped 3 of 2,000 pieces read
+    (lines_without_text: 2, non_utf8_documents: 1; the first malformed at a.jsonl:17)'."""
+    pieces = {reason: count for reason, count in self.items() if reason != 'empty_files'}
+    line = f'skipped {sum(pieces.values()):,} of {self.read:,} pieces read'
+    if pieces:
+      first = f'; the first malformed at {self.first_malformed}' if self.first_malformed else ''
+      line += f' ({_reasons(pieces)}{first})'
+    if self['empty_files']:
+      line += f' and {self["empty_files"]:,} empty file(s)'
+    return line
+
+
+class _FileCount(collections.Counter):
+  """What reading one file skipped, by reason, with its pieces read (`unit`: 'lines', ...) and
+  the malformed ones by reason; its Input adds it to the caller's Counter when the file is read
+  through."""
+
+  def __init__(self, name: str, unit: str):
+    super().__init__()
+    self.name, self.unit = name, unit
+    self.read, self.malformed, self.first_malformed = 0, collections.Counter(), ''
+
+  def skip_malformed(self, reason: str, where: str) -> None:
+    self[reason] += 1
+    self.malformed[reason] += 1
+    self.first_malformed = self.first_malformed or where
+
+
+def _reasons(counts: dict[str, int]) -> str:
+  return ', '.join(f'{reason}: {count:,}' for reason, count in sorted(counts.items()))
 
 
 def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: str = '',
@@ -85,13 +160,15 @@ def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: s
 
 
 def read_documents(source: str | Sequence[str], text_key: str = 'text',
-                   flag: str = 'data.source') -> tuple[list[str], collections.Counter]:
-  """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text)."""
-  skipped = collections.Counter()
+                   flag: str = 'data.source', max_bad_fraction: float = MAX_BAD_FRACTION
+                   ) -> tuple[list[str], Skipped]:
+  """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text).
+  A file more than `max_bad_fraction` malformed is refused, naming `flag`."""
+  skipped = Skipped(max_bad_fraction=max_bad_fraction, flag=flag)
   documents = [text for item in inputs(source, text_key, flag=flag)
                for text in item.documents(skipped)]
   if not documents:
-    raise ValueError(f'{flag} {source!r} holds no text (skipped: {dict(skipped)})')
+    raise ValueError(f'{flag} {source!r} holds no text ({skipped.line()})')
   return documents, skipped
 
 
@@ -133,24 +210,32 @@ class _TextInput(Input):
     return self._raw.tell() / self._size if self._raw is not None and self._size else 0.0
 
   def documents(self, skipped):
-    lines = without_key = 0
+    jsonl = self._kind == '.jsonl'
+    count = _FileCount(self.name, 'lines' if jsonl else 'paragraphs')
+    without_key = f'lines_without_{self._text_key}'
     with self._lines() as stream:
-      pieces = _paragraphs(stream) if self._kind == '.txt' else (l for l in stream if l.strip())
-      for piece in pieces:
-        lines += 1
-        text = _utf8(piece, skipped)
-        if text is not None and self._kind == '.jsonl':
+      pieces = (((n, l) for n, l in enumerate(stream, 1) if l.strip()) if jsonl
+                else _paragraphs(stream))
+      for number, piece in pieces:
+        count.read += 1
+        where = f'{self.name}:{number}'
+        if jsonl and _cut(piece):
+          raise ValueError(f'{files.named(self.name, self._flag)} is not a complete .jsonl file: '
+                           f'its last line, {number}, is cut short (no newline ends it, and it is '
+                           'not a whole JSON record)')
+        text = _utf8(piece, count, where)
+        if text is not None and jsonl:
           text = _json_text(text, self._text_key)
           if text is None:
-            without_key += 1
-            skipped[f'lines_without_{self._text_key}'] += 1
-        if _is_document(text, skipped):
+            count.skip_malformed(without_key, where)
+        if _is_document(text, count):
           yield text
-    if not lines:
-      skipped['empty_files'] += 1
-    elif without_key == lines:
-      raise ValueError(f'{files.named(self.name, self._flag)}: none of its {lines} lines is a '
-                       f'JSON object with a string under {self._text_key!r}')
+    if not count.read:
+      count['empty_files'] += 1
+    elif count[without_key] == count.read:
+      raise ValueError(f'{files.named(self.name, self._flag)}: none of its {count.read} lines is '
+                       f'a JSON object with a string under {self._text_key!r}')
+    skipped.update(count)
 
   @contextlib.contextmanager
   def _lines(self) -> Iterator[Iterator[bytes]]:
@@ -197,18 +282,33 @@ def _zstd_lines(raw, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
     yield rest
 
 
-def _paragraphs(lines: Iterator[bytes]) -> Iterator[bytes]:
-  """The blank-line separated pieces of a text file, each without the line break before the
-  blank line that ends it."""
-  piece = []
-  for line in lines:
+def _paragraphs(lines: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
+  """(the number of its first line, from 1; the piece) of the blank-line separated pieces of a
+  text file, each without the line break before the blank line that ends it."""
+  piece, first = [], 0
+  for number, line in enumerate(lines, 1):
     if line.strip():
+      first = first if piece else number
       piece.append(line)
     elif piece:
-      yield b''.join(piece).removesuffix(b'\n')
+      yield first, b''.join(piece).removesuffix(b'\n')
       piece = []
   if piece:
-    yield b''.join(piece)
+    yield first, b''.join(piece)
+
+
+def _cut(line: bytes) -> bool:
+  """Whether `line` of a .jsonl file is the last one, cut short: no newline ends it and it is no
+  whole JSON value (a last line that is one, newline or not, is read as any other)."""
+  if line.endswith(b'\n'):
+    return False
+  try:
+    json.loads(line.decode('utf-8'))
+  except ValueError:  # not UTF-8 (cut inside a character), or not JSON
+    return True
+  except RecursionError:  # whole, nested too deep to read: skipped as malformed
+    return False
+  return False
 
 
 def _is_document(text: str | None, skipped: collections.Counter) -> bool:
@@ -219,11 +319,11 @@ def _is_document(text: str | None, skipped: collections.Counter) -> bool:
   return text is not None
 
 
-def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
+def _utf8(raw: bytes, count: _FileCount, where: str) -> str | None:
   try:
     return raw.decode('utf-8')
   except UnicodeDecodeError:
-    skipped['non_utf8_documents'] += 1
+    count.skip_malformed('non_utf8_documents', where)
     return None
 
 
@@ -256,19 +356,20 @@ class _ParquetInput(Input):
                            f'{", ".join(table.schema_arrow.names)})')
         if not (pyarrow.types.is_string(field.type) or pyarrow.types.is_large_string(field.type)):
           raise ValueError(f'{where}: the column {self._text_key!r} holds {field.type}, not text')
-        rows = 0
+        count = _FileCount(self.name, 'rows')
         for batch in table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self._text_key]):
           for text in batch.column(0).to_pylist():
-            rows += 1
+            count.read += 1
             if text is None:
-              skipped[f'null_{self._text_key}'] += 1
-            elif _is_document(text, skipped):
+              count[f'null_{self._text_key}'] += 1
+            elif _is_document(text, count):
               yield text
-        if not rows:
-          skipped['empty_files'] += 1
+        if not count.read:
+          count['empty_files'] += 1
     except (pyarrow.ArrowException, OSError, tf.errors.OpError) as error:
       reason = getattr(error, 'message', None) or str(error).strip().splitlines()[0]
       raise ValueError(f'{where} is not a parquet file that can be read ({reason})') from None
+    skipped.update(count)
 
 
 class _BundledInput(Input):
@@ -279,13 +380,16 @@ class _BundledInput(Input):
 
   def documents(self, skipped):
     raw = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
+    count = _FileCount(self.name, 'lines')
     with lzma.open(io.BytesIO(raw.read_bytes())) as lines:
-      for line in lines:
+      for number, line in enumerate(lines, 1):
+        count.read += 1
         text = _json_text(line.decode('utf-8'), self._text_key)
         if text is None:
-          skipped[f'lines_without_{self._text_key}'] += 1
+          count.skip_malformed(f'lines_without_{self._text_key}', f'{self.name}:{number}')
         else:
           yield text
+    skipped.update(count)
 
 
 def _tfds_inputs(name: str, data_dir: str, text_key: str) -> list[Input]:
@@ -312,15 +416,20 @@ class _TfdsInput(Input):
 
   def __init__(self, builder, split: str, start: int, stop: int, text_key: str,
                published: str | None):
-    self.name = f'{TFDS_PREFIX}{builder.info.full_name} {split}[{start}:{stop}]'
+    self._dataset = f'{TFDS_PREFIX}{builder.info.full_name} {split}'
+    self.name = f'{self._dataset}[{start}:{stop}]'
     self.split, self._builder, self._text_key = published, builder, text_key
-    self._records = f'{split}[{start}:{stop}]'
+    self._records, self._start = f'{split}[{start}:{stop}]', start
 
   def documents(self, skipped):
+    count = _FileCount(self.name, 'records')
     records = self._builder.as_dataset(split=self._records, shuffle_files=False)
-    for text in records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator():
-      if _is_document(text := _utf8(text, skipped), skipped):
+    texts = records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator()
+    for number, text in enumerate(texts, self._start):
+      count.read += 1
+      if _is_document(text := _utf8(text, count, f'{self._dataset}[{number}]'), count):
         yield text
+    skipped.update(count)
 
 
 def in_validation(texts, validation_fraction: float) -> np.ndarray:
