@@ -9,14 +9,16 @@ A source (`data.source`, `t5lite prepare --source`) is comma-separated parts, ea
 - 'tfds:NAME' (e.g. 'tfds:c4/en:3.1.0'), prepared beforehand under `tfds_data_dir`: never
   downloaded.
 
-`inputs()` lists a source's Inputs in order (its files; a TFDS dataset's file shards), so that
-`t5lite prepare` can share them among machines, and each Input streams its documents in bounded
-memory. A piece of a file (a line of .jsonl, a paragraph of .txt, a row of parquet, a record of
-TFDS) that is empty is skipped and counted; one that is malformed (not UTF-8; not a JSON object
-with a string under the text key) is skipped and counted too, and a file with more than
-`max_bad_fraction` of them is refused (see `Skipped`). What makes the file itself unusable
-(missing, unreadable, cut short, a .jsonl none of whose lines holds text, a parquet file without
-the column) is one ValueError line naming it.
+`inputs()` lists a source's Inputs in one order whatever the order of its parts: its files (of
+every path and glob together, each once) in sorted order of their paths, then 'bundled', then its
+TFDS datasets in sorted order of their names, each one's file shards in their own order. So `a,b`
+and `b,a` make the same store, and `t5lite prepare` shares the same Inputs among machines. Each
+Input streams its documents in bounded memory. A piece of a file (a line of .jsonl, a paragraph of
+.txt, a row of parquet, a record of TFDS) that is empty is skipped and counted; one that is
+malformed (not UTF-8; not a JSON object with a string under the text key) is skipped and counted
+too, and a file with more than `max_bad_fraction` of them is refused (see `Skipped`). What makes
+the file itself unusable (missing, unreadable, cut short, a .jsonl none of whose lines holds text,
+a parquet file without the column) is one ValueError line naming it.
 
 Held-out documents are chosen by a stable hash of their text (FarmHash, fixed across TF versions
 and platforms), so a document and its duplicates are all in one split. A TFDS dataset with its
@@ -144,19 +146,24 @@ def _reasons(counts: dict[str, int]) -> str:
 
 def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: str = '',
            flag: str = 'data.source') -> list[Input]:
-  """The Inputs of `source` in order; one ValueError line (FileNotFoundError for a missing file)
-  naming `flag` for a glob matching nothing, a file of no known kind, a TFDS dataset that is not
-  prepared or lacks the text feature."""
+  """The Inputs of `source` in the order of the module's docstring, whatever the order of its
+  parts; a file named twice (by a glob and by its name, say) is read once. One ValueError line
+  (FileNotFoundError for a missing file) naming `flag` for a glob matching nothing, a file of
+  no known kind, a TFDS dataset that is not prepared or lacks the text feature."""
   parts = source.split(',') if isinstance(source, str) else list(source)
-  found = []
+  named, bundled, datasets = {}, False, set()
   for part in (p.strip() for p in parts):
     if part == BUNDLED:
-      found.append(_BundledInput(text_key))
+      bundled = True
     elif part.startswith(TFDS_PREFIX):
-      found += _tfds_inputs(part[len(TFDS_PREFIX):], tfds_data_dir, text_key)
+      datasets.add(part)
     else:
-      found += [_file_input(name, text_key, flag) for name in _matching(part, flag)]
-  return found
+      for name in _matching(part, flag):
+        named.setdefault(name if paths.is_uri(name) else os.path.abspath(name), name)
+  return ([_file_input(named[where], text_key, flag) for where in sorted(named)]
+          + ([_BundledInput(text_key)] if bundled else [])
+          + [item for part in sorted(datasets)
+             for item in _tfds_inputs(part[len(TFDS_PREFIX):], tfds_data_dir, text_key)])
 
 
 def read_documents(source: str | Sequence[str], text_key: str = 'text',
@@ -175,7 +182,7 @@ def read_documents(source: str | Sequence[str], text_key: str = 'text',
 def _matching(pattern: str, flag: str) -> list[str]:
   if not glob.has_magic(pattern):
     return [pattern]
-  names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
+  names = tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern)
   if not names:
     raise ValueError(f'{flag}: the pattern {pattern!r} matches no files')
   return names

@@ -196,10 +196,47 @@ def test_bundled_with_a_wrong_text_key_is_refused():
     sources.read_documents('bundled', 'body')
 
 
+def test_files_are_read_in_sorted_order_of_their_paths_each_once(tmp_path, tfds_dir):
+  for name in ('b.jsonl', 'a.txt', 'c.jsonl'):
+    (tmp_path / name).write_bytes(jsonl([name]) if name.endswith('.jsonl') else name.encode())
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'sub' / 'a.txt').write_text('sub/a.txt')
+  names = lambda source: [item.name for item in sources.inputs(source, tfds_data_dir=tfds_dir)]
+  a, b, c = (str(tmp_path / n) for n in ('a.txt', 'b.jsonl', 'c.jsonl'))
+  assert names(f'{c},{a},{b}') == names(f'{b}, {a},{c}') == [a, b, c]
+  # a glob and a comma list together; a file named twice, however spelled, is read once
+  assert names(f'{tmp_path}/sub/../b.jsonl,{tmp_path}/*.jsonl,{a},{a}') == [
+      a, f'{tmp_path}/sub/../b.jsonl', c]
+  assert names(f'{tmp_path}/sub/a.txt,{c},{a}') == [a, c, str(tmp_path / 'sub' / 'a.txt')]
+  # then 'bundled', then TFDS datasets by name, each one's file shards in their own order
+  tfds = (f'tfds:t5lite_test_text/short,{c},bundled,tfds:t5lite_test_text/empty,'
+          f'tfds:t5lite_test_text/short,bundled,{a}')
+  assert names(tfds) == [a, c, 'bundled', 'tfds:t5lite_test_text/empty/1.0.0 train[0:200]',
+                         'tfds:t5lite_test_text/short/1.0.0 train[0:150]']
+  documents, _ = sources.read_documents([b, a, c, b])
+  assert documents == ['a.txt', 'b.jsonl', 'c.jsonl']
+
+
 def prepare(capsys, *flags) -> tuple[int, str, str]:
   status = cli.main(['prepare', *flags])
   out, err = capsys.readouterr()
   return status, out, err
+
+
+def test_a_comma_list_in_any_order_makes_the_same_store(tmp_path, capsys):
+  for name in 'abcd':
+    (tmp_path / f'{name}.jsonl').write_bytes(jsonl(f'{name} document {i}' for i in range(40)))
+  stores = []
+  for order in ('a,b,c,d', 'd,c,b,a'):
+    source = ','.join(str(tmp_path / f'{name}.jsonl') for name in order.split(','))
+    for index in range(2):
+      assert prepare(capsys, f'--source={source}', f'--out={tmp_path / order}', '--num_shards=2',
+                     f'--shard_index={index}')[0] == 0
+    stores.append({f.name: f.read_bytes() for f in (tmp_path / order).iterdir()
+                   if not f.name.endswith('.json')})
+    manifest = json.loads((tmp_path / order / 'part-00001-of-00002.json').read_text())
+    assert manifest['inputs'] == [str(tmp_path / 'c.jsonl'), str(tmp_path / 'd.jsonl')]
+  assert stores[0] == stores[1] and len(stores[0]) == 4
 
 
 # What prepare refuses in the source itself: one stderr line, exit status 2, nothing written.
