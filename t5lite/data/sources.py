@@ -148,11 +148,15 @@ def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: s
            flag: str = 'data.source') -> list[Input]:
   """The Inputs of `source` in the order of the module's docstring, whatever the order of its
   parts; a file named twice (by a glob and by its name, say) is read once. One ValueError line
-  (FileNotFoundError for a missing file) naming `flag` for a glob matching nothing, a file of
-  no known kind, a TFDS dataset that is not prepared or lacks the text feature."""
+  (FileNotFoundError for a missing file) naming `flag` for an empty part, a glob matching
+  nothing, a folder, a file of no known kind, a TFDS dataset that is not prepared or lacks the
+  text feature."""
   parts = source.split(',') if isinstance(source, str) else list(source)
   named, bundled, datasets = {}, False, set()
-  for part in (p.strip() for p in parts):
+  for position, part in enumerate((p.strip() for p in parts), 1):
+    if not part:
+      raise ValueError(f'{flag}: item {position} of {source!r} is empty (two commas, or one at '
+                       'an end?)')
     if part == BUNDLED:
       bundled = True
     elif part.startswith(TFDS_PREFIX):
@@ -197,6 +201,12 @@ def _kind(name: str) -> tuple[str, str]:
 def _file_input(name: str, text_key: str, flag: str) -> Input:
   kind, compression = _kind(name)
   if kind not in KINDS or kind == '.parquet' and compression:
+    if paths.path(name).is_dir():
+      raise ValueError(f'{flag}: {name} is a folder: give the text files in it (e.g. '
+                       f"'{name.rstrip('/')}/*.jsonl'); a token store is given alone as "
+                       'data.source')
+    if not paths.path(name).exists():
+      raise FileNotFoundError(f'{flag}: {name}: no such file or folder')
     raise ValueError(f'{flag}: {name} is not .txt, .jsonl (optionally .gz, .xz or .zst) or '
                      '.parquet')
   files.check_file(name, flag)

@@ -241,6 +241,17 @@ def test_a_comma_list_in_any_order_makes_the_same_store(tmp_path, capsys):
 
 # What prepare refuses in the source itself: one stderr line, exit status 2, nothing written.
 BAD_SOURCES = {
+    'a folder': (lambda d: d / 'texts', lambda d: f"--source: {d / 'texts'} is a folder: give "
+                 f"the text files in it (e.g. '{d / 'texts'}/*.jsonl'); a token store is given "
+                 'alone as data.source'),
+    'a missing path': (lambda d: d / 'mytexts', lambda d: f"--source: {d / 'mytexts'}: no such "
+                       'file or folder'),
+    'an empty item': (lambda d: f"{d / 'texts' / 'a.jsonl'},,{d / 'texts' / 'a.jsonl'}",
+                      lambda d: f"--source: item 2 of '{d / 'texts' / 'a.jsonl'},,"
+                      f"{d / 'texts' / 'a.jsonl'}' is empty (two commas, or one at an end?)"),
+    'a trailing comma': (lambda d: f"{d / 'texts' / 'a.jsonl'},",
+                         lambda d: f"--source: item 2 of '{d / 'texts' / 'a.jsonl'},' is empty "
+                         '(two commas, or one at an end?)'),
     'a cut last line': (lambda d: d / 'cut.jsonl.gz', lambda d: f"--source: {d / 'cut.jsonl.gz'} "
                         'is not a complete .jsonl file: its last line, 4, is cut short (no '
                         'newline ends it, and it is not a whole JSON record)'),
@@ -258,3 +269,8 @@ def test_a_bad_source_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, c
   assert (status, out, err) == (2, '', f't5lite prepare: error: {message(tmp_path)}\n')
   assert snapshot(tmp_path) == before, changes(before, snapshot(tmp_path))
 
+
+def test_a_missing_path_in_a_data_source_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match=f'^data.source: {tmp_path}/corpus: no such file or '
+                     'folder$'):
+    sources.inputs(f'bundled,{tmp_path}/corpus')
