@@ -35,7 +35,7 @@ import json
 import lzma
 import os
 import zlib
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import zstandard
@@ -129,15 +129,16 @@ class _FileCount(collections.Counter):
   the malformed ones by reason; its Input adds it to the caller's Counter when the file is read
   through."""
 
-  def __init__(self, name: str, unit: str):
+  def __init__(self, name: str, unit: str, where: Callable[[int], str] | None = None):
     super().__init__()
     self.name, self.unit = name, unit
+    self._where = where or (lambda number: f'{name}:{number}')  # the place of piece `number`
     self.read, self.malformed, self.first_malformed = 0, collections.Counter(), ''
 
-  def skip_malformed(self, reason: str, where: str) -> None:
+  def skip_malformed(self, reason: str, number: int) -> None:
     self[reason] += 1
     self.malformed[reason] += 1
-    self.first_malformed = self.first_malformed or where
+    self.first_malformed = self.first_malformed or self._where(number)
 
 
 def _reasons(counts: dict[str, int]) -> str:
@@ -235,16 +236,15 @@ class _TextInput(Input):
                 else _paragraphs(stream))
       for number, piece in pieces:
         count.read += 1
-        where = f'{self.name}:{number}'
-        if jsonl and _cut(piece):
+        if jsonl and not piece.endswith(b'\n') and not _is_json(piece):
           raise ValueError(f'{files.named(self.name, self._flag)} is not a complete .jsonl file: '
                            f'its last line, {number}, is cut short (no newline ends it, and it is '
                            'not a whole JSON record)')
-        text = _utf8(piece, count, where)
+        text = _utf8(piece, count, number)
         if text is not None and jsonl:
           text = _json_text(text, self._text_key)
           if text is None:
-            count.skip_malformed(without_key, where)
+            count.skip_malformed(without_key, number)
         if _is_document(text, count):
           yield text
     if not count.read:
@@ -314,18 +314,16 @@ def _paragraphs(lines: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
     yield first, b''.join(piece)
 
 
-def _cut(line: bytes) -> bool:
-  """Whether `line` of a .jsonl file is the last one, cut short: no newline ends it and it is no
-  whole JSON value (a last line that is one, newline or not, is read as any other)."""
-  if line.endswith(b'\n'):
-    return False
+def _is_json(line: bytes) -> bool:
+  """Whether `line` is a whole JSON value: the last line of a .jsonl file that no newline ends
+  and is not one was cut short."""
   try:
     json.loads(line.decode('utf-8'))
-  except ValueError:  # not UTF-8 (cut inside a character), or not JSON
-    return True
   except RecursionError:  # whole, nested too deep to read: skipped as malformed
+    return True
+  except ValueError:  # not UTF-8 (cut inside a character), or not JSON
     return False
-  return False
+  return True
 
 
 def _is_document(text: str | None, skipped: collections.Counter) -> bool:
@@ -336,11 +334,11 @@ def _is_document(text: str | None, skipped: collections.Counter) -> bool:
   return text is not None
 
 
-def _utf8(raw: bytes, count: _FileCount, where: str) -> str | None:
+def _utf8(raw: bytes, count: _FileCount, number: int) -> str | None:
   try:
     return raw.decode('utf-8')
   except UnicodeDecodeError:
-    count.skip_malformed('non_utf8_documents', where)
+    count.skip_malformed('non_utf8_documents', number)
     return None
 
 
@@ -403,7 +401,7 @@ class _BundledInput(Input):
         count.read += 1
         text = _json_text(line.decode('utf-8'), self._text_key)
         if text is None:
-          count.skip_malformed(f'lines_without_{self._text_key}', f'{self.name}:{number}')
+          count.skip_malformed(f'lines_without_{self._text_key}', number)
         else:
           yield text
     skipped.update(count)
@@ -439,12 +437,12 @@ class _TfdsInput(Input):
     self._records, self._start = f'{split}[{start}:{stop}]', start
 
   def documents(self, skipped):
-    count = _FileCount(self.name, 'records')
+    count = _FileCount(self.name, 'records', lambda number: f'{self._dataset}[{number}]')
     records = self._builder.as_dataset(split=self._records, shuffle_files=False)
     texts = records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator()
     for number, text in enumerate(texts, self._start):
       count.read += 1
-      if _is_document(text := _utf8(text, count, f'{self._dataset}[{number}]'), count):
+      if _is_document(text := _utf8(text, count, number), count):
         yield text
     skipped.update(count)
 

@@ -96,9 +96,10 @@ def test_tfds_datasets_not_prepared_fail_with_one_line(tmp_path, name, message):
 def test_tfds_inputs_are_its_file_shards_read_in_order(tfds_dir):
   items = sources.inputs('tfds:t5lite_test_text/short', tfds_data_dir=tfds_dir)
   assert [item.split for item in items] == [None]  # no published validation split: by hash
-  skipped = collections.Counter()
+  skipped = sources.Skipped()
   texts = list(items[0].documents(skipped))
   assert len(texts) == 135 and skipped == {'empty_documents': 15}  # every tenth one is empty
+  assert (skipped.read, skipped.first_malformed) == (150, '')
   with pytest.raises(ValueError, match="no text feature 'body'"):
     sources.inputs('tfds:t5lite_test_text/short', 'body', tfds_dir)
 
