@@ -172,11 +172,12 @@ def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: s
 
 
 def read_documents(source: str | Sequence[str], text_key: str = 'text',
-                   flag: str = 'data.source', max_bad_fraction: float = MAX_BAD_FRACTION
+                   flag: str = 'data.source', skipped: Skipped | None = None
                    ) -> tuple[list[str], Skipped]:
   """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text).
-  A file more than `max_bad_fraction` malformed is refused, naming `flag`."""
-  skipped = Skipped(max_bad_fraction=max_bad_fraction, flag=flag)
+  `skipped` bounds the malformed pieces of each file; by default to MAX_BAD_FRACTION, naming
+  `flag`."""
+  skipped = Skipped(flag=flag) if skipped is None else skipped
   documents = [text for item in inputs(source, text_key, flag=flag)
                for text in item.documents(skipped)]
   if not documents:

@@ -38,7 +38,7 @@ def test_jsonl_reads_text_key_and_counts_what_it_skips(tmp_path):
   path.write_bytes(lzma.compress(b'\n'.join(lines)))
   (tmp_path / 'empty.jsonl').write_bytes(b'\n \n')
   documents, skipped = sources.read_documents(f'{path},{tmp_path / "empty.jsonl"}', 'body',
-                                              max_bad_fraction=0.6)
+                                              skipped=sources.Skipped(max_bad_fraction=0.6))
   assert documents == ['one', 'two']
   assert skipped == {'lines_without_body': 3, 'empty_documents': 1, 'non_utf8_documents': 1,
                      'empty_files': 1}
@@ -50,7 +50,8 @@ def test_jsonl_reads_text_key_and_counts_what_it_skips(tmp_path):
 
 def test_non_utf8_paragraphs_are_skipped_not_fatal(tmp_path):
   (tmp_path / 'a.txt').write_bytes(b'good one\n\n\nbad \xff\xfe\nbytes\n\ngood two')
-  documents, skipped = sources.read_documents(str(tmp_path / 'a.txt'), max_bad_fraction=0.5)
+  documents, skipped = sources.read_documents(str(tmp_path / 'a.txt'),
+                                              skipped=sources.Skipped(max_bad_fraction=0.5))
   assert documents == ['good one', 'good two'] and skipped == {'non_utf8_documents': 1}
   assert (skipped.read, skipped.first_malformed) == (3, f'{tmp_path / "a.txt"}:4')
 
@@ -131,7 +132,8 @@ def test_a_jsonl_whose_last_line_is_cut_is_refused(tmp_path, name):
 def test_a_last_line_without_newline_that_is_whole_is_read(tmp_path):
   (tmp_path / 'a.jsonl').write_bytes(jsonl(['one']) + b'{"text": "two"}  ')
   (tmp_path / 'b.jsonl').write_bytes(jsonl(['three']) + b'{"body": "x"}')  # whole, malformed
-  documents, skipped = sources.read_documents(str(tmp_path / '*.jsonl'), max_bad_fraction=0.5)
+  documents, skipped = sources.read_documents(str(tmp_path / '*.jsonl'),
+                                              skipped=sources.Skipped(max_bad_fraction=0.5))
   assert documents == ['one', 'two', 'three'] and skipped == {'lines_without_text': 1}
   assert skipped.first_malformed == f'{tmp_path / "b.jsonl"}:2'
 
@@ -173,7 +175,7 @@ def test_max_bad_fraction_bounds_the_malformed_lines_of_each_file(tmp_path):
                      r'than 0.01 of them$'):
     list(two.documents(skipped))
   documents, skipped = sources.read_documents(str(tmp_path / '2.jsonl'), 'body',
-                                              max_bad_fraction=1)
+                                              skipped=sources.Skipped(max_bad_fraction=1))
   assert documents == ['other'] * 2 and skipped.read == 100  # unbounded: a 2-document source
 
 
