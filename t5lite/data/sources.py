@@ -9,12 +9,16 @@ A source (`data.source`, `t5lite prepare --source`) is comma-separated parts, ea
 - 'tfds:NAME' (e.g. 'tfds:c4/en:3.1.0'), prepared beforehand under `tfds_data_dir`: never
   downloaded.
 
-`inputs()` lists a source's Inputs in order (its files; a TFDS dataset's file shards), so that
-`t5lite prepare` can share them among machines, and each Input streams its documents in bounded
-memory. A damaged piece of a file (a line that is not JSON or lacks the text, bytes that are not
-UTF-8, an empty document) is skipped and counted by reason; what makes the file itself unusable
-(missing, unreadable, cut short, a .jsonl none of whose lines holds text, a parquet file without
-the column) is one ValueError line naming it.
+`inputs()` lists a source's Inputs in one order whatever the order of its parts: its files (of
+every path and glob together, each once) in sorted order of their paths, then 'bundled', then its
+TFDS datasets in sorted order of their names, each one's file shards in their own order. So `a,b`
+and `b,a` make the same store, and `t5lite prepare` shares the same Inputs among machines. Each
+Input streams its documents in bounded memory. A piece of a file (a line of .jsonl, a paragraph of
+.txt, a row of parquet, a record of TFDS) that is empty is skipped and counted; one that is
+malformed (not UTF-8; not a JSON object with a string under the text key) is skipped and counted
+too, and a file with more than `max_bad_fraction` of them is refused (see `Skipped`). What makes
+the file itself unusable (missing, unreadable, cut short, a .jsonl none of whose lines holds text,
+a parquet file without the column) is one ValueError line naming it.
 
 Held-out documents are chosen by a stable hash of their text (FarmHash, fixed across TF versions
 and platforms), so a document and its duplicates are all in one split. A TFDS dataset with its
@@ -27,10 +31,11 @@ import glob
 import gzip
 import importlib.resources
 import io
+import json
 import lzma
 import os
 import zlib
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import zstandard
@@ -45,6 +50,7 @@ SPLITS = ('train', 'validation', 'all')
 TEXT_KINDS = ('.txt', '.jsonl')
 KINDS = TEXT_KINDS + ('.parquet',)
 COMPRESSIONS = ('.gz', '.xz', '.zst')
+MAX_BAD_FRACTION = 0.01  # of a file's pieces that may be malformed, and skipped
 
 _HASH_BUCKETS = 1 << 20
 _PARQUET_ROWS = 1024  # rows read at a time from a parquet file
@@ -60,6 +66,8 @@ class Input:
   split: str | None = None
 
   def documents(self, skipped: collections.Counter) -> Iterator[str]:
+    """The texts, in order; what is skipped is added to `skipped` (a Skipped, or any Counter of
+    reason -> count) when the input has been read through."""
     raise NotImplementedError
 
   def fraction_read(self) -> float:
@@ -67,38 +75,120 @@ class Input:
     return 0.0
 
 
+class Skipped(collections.Counter):
+  """The pieces a source's documents left out, by reason (the Counter a store's manifest
+  records), with the pieces read and where the first malformed one is ('a.jsonl:17').
+
+  A piece is a line of .jsonl, a paragraph of .txt, a row of parquet, a record of TFDS. Empty
+  files, empty documents and parquet nulls are counted; malformed pieces (not UTF-8; not a JSON
+  object with a string under the text key) are counted and bounded per file: adding a file's
+  count that is more than `max_bad_fraction` malformed is one ValueError line naming `flag`.
+  Per file, not per source: in a source's average one binary file named .jsonl among a thousand
+  good ones is lost, and the verdict on a file would change with the files beside it and with
+  `prepare --num_shards`; per file it is the same in memory and in every part, and a wrong text
+  key fails on the first file instead of becoming a store of the few lines that have it.
+  """
+
+  def __init__(self, counts=(), /, *, max_bad_fraction: float = MAX_BAD_FRACTION,
+               flag: str = '--max_bad_fraction'):
+    if not 0 <= max_bad_fraction <= 1:
+      raise ValueError(f'{flag}={max_bad_fraction} must be in [0, 1]')
+    self.max_bad_fraction, self.flag = max_bad_fraction, flag
+    self.read, self.first_malformed = 0, ''
+    super().__init__(counts)
+
+  def update(self, counts=(), /, **more):
+    """Adds `counts` (reason -> count); from an Input's count of one file, also its pieces read
+    and its first malformed one, after refusing the file if too many of its pieces are."""
+    super().update(counts, **more)
+    if isinstance(counts, _FileCount):
+      malformed = sum(counts.malformed.values())
+      if malformed > self.max_bad_fraction * counts.read:
+        raise ValueError(
+            f'{self.flag}: {malformed:,} of the {counts.read:,} {counts.unit} of {counts.name} '
+            f'are malformed ({_reasons(counts.malformed)}; the first at '
+            f'{counts.first_malformed}), more than {self.max_bad_fraction:g} of them')
+      self.read += counts.read
+      self.first_malformed = self.first_malformed or counts.first_malformed
+
+  def line(self) -> str:
+    """What was skipped, one line for stderr at the end: 'skipped 3 of 2,000 pieces read
+    (lines_without_text: 2, non_utf8_documents: 1; the first malformed at a.jsonl:17)'."""
+    pieces = {reason: count for reason, count in self.items() if reason != 'empty_files'}
+    line = f'skipped {sum(pieces.values()):,} of {self.read:,} pieces read'
+    if pieces:
+      first = f'; the first malformed at {self.first_malformed}' if self.first_malformed else ''
+      line += f' ({_reasons(pieces)}{first})'
+    if self['empty_files']:
+      line += f' and {self["empty_files"]:,} empty file(s)'
+    return line
+
+
+class _FileCount(collections.Counter):
+  """What reading one file skipped, by reason, with its pieces read (`unit`: 'lines', ...) and
+  the malformed ones by reason; its Input adds it to the caller's Counter when the file is read
+  through."""
+
+  def __init__(self, name: str, unit: str, where: Callable[[int], str] | None = None):
+    super().__init__()
+    self.name, self.unit = name, unit
+    self._where = where or (lambda number: f'{name}:{number}')  # the place of piece `number`
+    self.read, self.malformed, self.first_malformed = 0, collections.Counter(), ''
+
+  def skip_malformed(self, reason: str, number: int) -> None:
+    self[reason] += 1
+    self.malformed[reason] += 1
+    self.first_malformed = self.first_malformed or self._where(number)
+
+
+def _reasons(counts: dict[str, int]) -> str:
+  return ', '.join(f'{reason}: {count:,}' for reason, count in sorted(counts.items()))
+
+
 def inputs(source: str | Sequence[str], text_key: str = 'text', tfds_data_dir: str = '',
            flag: str = 'data.source') -> list[Input]:
-  """The Inputs of `source` in order; one ValueError line (FileNotFoundError for a missing file)
-  naming `flag` for a glob matching nothing, a file of no known kind, a TFDS dataset that is not
-  prepared or lacks the text feature."""
+  """The Inputs of `source` in the order of the module's docstring, whatever the order of its
+  parts; a file named twice (by a glob and by its name, say) is read once. One ValueError line
+  (FileNotFoundError for a missing file) naming `flag` for an empty part, a glob matching
+  nothing, a folder, a file of no known kind, a TFDS dataset that is not prepared or lacks the
+  text feature."""
   parts = source.split(',') if isinstance(source, str) else list(source)
-  found = []
-  for part in (p.strip() for p in parts):
+  named, bundled, datasets = {}, False, set()
+  for position, part in enumerate((p.strip() for p in parts), 1):
+    if not part:
+      raise ValueError(f'{flag}: item {position} of {source!r} is empty (two commas, or one at '
+                       'an end?)')
     if part == BUNDLED:
-      found.append(_BundledInput(text_key))
+      bundled = True
     elif part.startswith(TFDS_PREFIX):
-      found += _tfds_inputs(part[len(TFDS_PREFIX):], tfds_data_dir, text_key)
+      datasets.add(part)
     else:
-      found += [_file_input(name, text_key, flag) for name in _matching(part, flag)]
-  return found
+      for name in _matching(part, flag):
+        named.setdefault(name if paths.is_uri(name) else os.path.abspath(name), name)
+  return ([_file_input(named[where], text_key, flag) for where in sorted(named)]
+          + ([_BundledInput(text_key)] if bundled else [])
+          + [item for part in sorted(datasets)
+             for item in _tfds_inputs(part[len(TFDS_PREFIX):], tfds_data_dir, text_key)])
 
 
 def read_documents(source: str | Sequence[str], text_key: str = 'text',
-                   flag: str = 'data.source') -> tuple[list[str], collections.Counter]:
-  """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text)."""
-  skipped = collections.Counter()
+                   flag: str = 'data.source', skipped: Skipped | None = None
+                   ) -> tuple[list[str], Skipped]:
+  """(documents, skipped) of a whole source, in memory: for what is small (a tokenizer's text).
+  `skipped` bounds the malformed pieces of each file; by default to MAX_BAD_FRACTION, naming
+  `flag`."""
+  skipped = Skipped(flag=flag) if skipped is None else skipped
   documents = [text for item in inputs(source, text_key, flag=flag)
                for text in item.documents(skipped)]
   if not documents:
-    raise ValueError(f'{flag} {source!r} holds no text (skipped: {dict(skipped)})')
+    raise ValueError(f'{flag} {source!r} holds no text ({skipped.line()})')
   return documents, skipped
 
 
 def _matching(pattern: str, flag: str) -> list[str]:
   if not glob.has_magic(pattern):
     return [pattern]
-  names = sorted(tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern))
+  names = tf.io.gfile.glob(pattern) if paths.is_uri(pattern) else glob.glob(pattern)
   if not names:
     raise ValueError(f'{flag}: the pattern {pattern!r} matches no files')
   return names
@@ -113,6 +203,12 @@ def _kind(name: str) -> tuple[str, str]:
 def _file_input(name: str, text_key: str, flag: str) -> Input:
   kind, compression = _kind(name)
   if kind not in KINDS or kind == '.parquet' and compression:
+    if paths.path(name).is_dir():
+      raise ValueError(f'{flag}: {name} is a folder: give the text files in it (e.g. '
+                       f"'{name.rstrip('/')}/*.jsonl'); a token store is given alone as "
+                       'data.source')
+    if not paths.path(name).exists():
+      raise FileNotFoundError(f'{flag}: {name}: no such file or folder')
     raise ValueError(f'{flag}: {name} is not .txt, .jsonl (optionally .gz, .xz or .zst) or '
                      '.parquet')
   files.check_file(name, flag)
@@ -133,24 +229,31 @@ class _TextInput(Input):
     return self._raw.tell() / self._size if self._raw is not None and self._size else 0.0
 
   def documents(self, skipped):
-    lines = without_key = 0
+    jsonl = self._kind == '.jsonl'
+    count = _FileCount(self.name, 'lines' if jsonl else 'paragraphs')
+    without_key = f'lines_without_{self._text_key}'
     with self._lines() as stream:
-      pieces = _paragraphs(stream) if self._kind == '.txt' else (l for l in stream if l.strip())
-      for piece in pieces:
-        lines += 1
-        text = _utf8(piece, skipped)
-        if text is not None and self._kind == '.jsonl':
+      pieces = (((n, l) for n, l in enumerate(stream, 1) if l.strip()) if jsonl
+                else _paragraphs(stream))
+      for number, piece in pieces:
+        count.read += 1
+        if jsonl and not piece.endswith(b'\n') and not _is_json(piece):
+          raise ValueError(f'{files.named(self.name, self._flag)} is not a complete .jsonl file: '
+                           f'its last line, {number}, is cut short (no newline ends it, and it is '
+                           'not a whole JSON record)')
+        text = _utf8(piece, count, number)
+        if text is not None and jsonl:
           text = _json_text(text, self._text_key)
           if text is None:
-            without_key += 1
-            skipped[f'lines_without_{self._text_key}'] += 1
-        if _is_document(text, skipped):
+            count.skip_malformed(without_key, number)
+        if _is_document(text, count):
           yield text
-    if not lines:
-      skipped['empty_files'] += 1
-    elif without_key == lines:
-      raise ValueError(f'{files.named(self.name, self._flag)}: none of its {lines} lines is a '
-                       f'JSON object with a string under {self._text_key!r}')
+    if not count.read:
+      count['empty_files'] += 1
+    elif count[without_key] == count.read:
+      raise ValueError(f'{files.named(self.name, self._flag)}: none of its {count.read} lines is '
+                       f'a JSON object with a string under {self._text_key!r}')
+    skipped.update(count)
 
   @contextlib.contextmanager
   def _lines(self) -> Iterator[Iterator[bytes]]:
@@ -197,18 +300,31 @@ def _zstd_lines(raw, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
     yield rest
 
 
-def _paragraphs(lines: Iterator[bytes]) -> Iterator[bytes]:
-  """The blank-line separated pieces of a text file, each without the line break before the
-  blank line that ends it."""
-  piece = []
-  for line in lines:
+def _paragraphs(lines: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
+  """(the number of its first line, from 1; the piece) of the blank-line separated pieces of a
+  text file, each without the line break before the blank line that ends it."""
+  piece, first = [], 0
+  for number, line in enumerate(lines, 1):
     if line.strip():
+      first = first if piece else number
       piece.append(line)
     elif piece:
-      yield b''.join(piece).removesuffix(b'\n')
+      yield first, b''.join(piece).removesuffix(b'\n')
       piece = []
   if piece:
-    yield b''.join(piece)
+    yield first, b''.join(piece)
+
+
+def _is_json(line: bytes) -> bool:
+  """Whether `line` is a whole JSON value: the last line of a .jsonl file that no newline ends
+  and is not one was cut short."""
+  try:
+    json.loads(line.decode('utf-8'))
+  except RecursionError:  # whole, nested too deep to read: skipped as malformed
+    return True
+  except ValueError:  # not UTF-8 (cut inside a character), or not JSON
+    return False
+  return True
 
 
 def _is_document(text: str | None, skipped: collections.Counter) -> bool:
@@ -219,11 +335,11 @@ def _is_document(text: str | None, skipped: collections.Counter) -> bool:
   return text is not None
 
 
-def _utf8(raw: bytes, skipped: collections.Counter) -> str | None:
+def _utf8(raw: bytes, count: _FileCount, number: int) -> str | None:
   try:
     return raw.decode('utf-8')
   except UnicodeDecodeError:
-    skipped['non_utf8_documents'] += 1
+    count.skip_malformed('non_utf8_documents', number)
     return None
 
 
@@ -256,19 +372,20 @@ class _ParquetInput(Input):
                            f'{", ".join(table.schema_arrow.names)})')
         if not (pyarrow.types.is_string(field.type) or pyarrow.types.is_large_string(field.type)):
           raise ValueError(f'{where}: the column {self._text_key!r} holds {field.type}, not text')
-        rows = 0
+        count = _FileCount(self.name, 'rows')
         for batch in table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self._text_key]):
           for text in batch.column(0).to_pylist():
-            rows += 1
+            count.read += 1
             if text is None:
-              skipped[f'null_{self._text_key}'] += 1
-            elif _is_document(text, skipped):
+              count[f'null_{self._text_key}'] += 1
+            elif _is_document(text, count):
               yield text
-        if not rows:
-          skipped['empty_files'] += 1
+        if not count.read:
+          count['empty_files'] += 1
     except (pyarrow.ArrowException, OSError, tf.errors.OpError) as error:
       reason = getattr(error, 'message', None) or str(error).strip().splitlines()[0]
       raise ValueError(f'{where} is not a parquet file that can be read ({reason})') from None
+    skipped.update(count)
 
 
 class _BundledInput(Input):
@@ -279,13 +396,16 @@ class _BundledInput(Input):
 
   def documents(self, skipped):
     raw = importlib.resources.files('t5lite.data').joinpath('bundled/corpus.jsonl.xz')
+    count = _FileCount(self.name, 'lines')
     with lzma.open(io.BytesIO(raw.read_bytes())) as lines:
-      for line in lines:
+      for number, line in enumerate(lines, 1):
+        count.read += 1
         text = _json_text(line.decode('utf-8'), self._text_key)
         if text is None:
-          skipped[f'lines_without_{self._text_key}'] += 1
+          count.skip_malformed(f'lines_without_{self._text_key}', number)
         else:
           yield text
+    skipped.update(count)
 
 
 def _tfds_inputs(name: str, data_dir: str, text_key: str) -> list[Input]:
@@ -312,15 +432,20 @@ class _TfdsInput(Input):
 
   def __init__(self, builder, split: str, start: int, stop: int, text_key: str,
                published: str | None):
-    self.name = f'{TFDS_PREFIX}{builder.info.full_name} {split}[{start}:{stop}]'
+    self._dataset = f'{TFDS_PREFIX}{builder.info.full_name} {split}'
+    self.name = f'{self._dataset}[{start}:{stop}]'
     self.split, self._builder, self._text_key = published, builder, text_key
-    self._records = f'{split}[{start}:{stop}]'
+    self._records, self._start = f'{split}[{start}:{stop}]', start
 
   def documents(self, skipped):
+    count = _FileCount(self.name, 'records', lambda number: f'{self._dataset}[{number}]')
     records = self._builder.as_dataset(split=self._records, shuffle_files=False)
-    for text in records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator():
-      if _is_document(text := _utf8(text, skipped), skipped):
+    texts = records.map(plain(lambda record: record[self._text_key])).as_numpy_iterator()
+    for number, text in enumerate(texts, self._start):
+      count.read += 1
+      if _is_document(text := _utf8(text, count, number), count):
         yield text
+    skipped.update(count)
 
 
 def in_validation(texts, validation_fraction: float) -> np.ndarray:
