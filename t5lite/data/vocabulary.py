@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf import message
+from sentencepiece import sentencepiece_model_pb2
 
 from t5lite import files
 from t5lite import outputs
@@ -44,7 +46,12 @@ class Vocabulary:
   """A SentencePiece model plus T5's 100 sentinels; ids are Python ints or int32 arrays."""
 
   def __init__(self, model_proto: bytes, name: str = 'vocabulary'):
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    """`name`: how errors name the model ('--vocabulary: spm/vocab.model')."""
+    _check_whole_model(model_proto, name)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as error:  # a whole proto SentencePiece refuses: 'unk is not defined.'
+      raise ValueError(f'{name} is not a SentencePiece model ({error})') from None
     self.model_proto = model_proto  # the .model file's bytes, which an HF export copies
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
@@ -105,19 +112,30 @@ class Vocabulary:
     return ' '.join(part for part in parts if part)
 
 
+def _check_whole_model(model_proto: bytes, name: str) -> None:
+  """Refuses bytes that are not a whole SentencePiece model in one line naming `name`. Protobuf
+  reads a file cut between two pieces as a smaller model (and an empty one as a model of none);
+  the normalizer spec, which SentencePiece writes after the pieces and the trainer spec, is there
+  only in a whole one."""
+  try:
+    whole = sentencepiece_model_pb2.ModelProto.FromString(model_proto).HasField('normalizer_spec')
+  except message.DecodeError:
+    whole = False
+  if not whole:
+    raise ValueError(f'{name} is not a SentencePiece model (cut short, or another kind of file)')
+
+
 @functools.lru_cache(maxsize=4)
-def load_vocabulary(name: str = BUNDLED) -> Vocabulary:
-  """'bundled' (the package's vocab.model) or the path of a SentencePiece .model."""
+def load_vocabulary(name: str = BUNDLED, flag: str = 'data.vocabulary') -> Vocabulary:
+  """'bundled' (the package's vocab.model) or the path of a SentencePiece .model; errors name
+  `flag`, the setting the user gave it with (prepare's --vocabulary)."""
   if name == BUNDLED:
     proto = importlib.resources.files('t5lite.data').joinpath('bundled/vocab.model').read_bytes()
   elif not paths.path(name).exists():
-    raise ValueError(f'data.vocabulary: no such file {name!r} (use "bundled" or a .model path)')
+    raise ValueError(f'{flag}: no such file {name!r} (use "bundled" or a .model path)')
   else:
-    proto = files.read_bytes(name, 'data.vocabulary')
-  try:
-    return Vocabulary(proto, name)
-  except RuntimeError as error:  # SentencePiece's parse error
-    raise ValueError(f'data.vocabulary: {name} is not a SentencePiece model ({error})') from None
+    proto = files.read_bytes(name, flag)
+  return Vocabulary(proto, files.named(name, flag))
 
 
 def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir: str = '.',

@@ -1,7 +1,10 @@
 """The vocabulary has T5's ids and sentinels; train_tokenizer makes such vocabularies."""
 
+import re
+
 import pytest
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from t5lite.data import vocabulary
 
@@ -46,16 +49,36 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
     vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
 
 
-def test_bad_vocabularies_fail_with_one_line(tmp_path):
-  with pytest.raises(ValueError, match='no such file'):
-    vocabulary.load_vocabulary(str(tmp_path / 'missing.model'))
-  garbage = tmp_path / 'garbage.model'
-  garbage.write_bytes(b'not a model')
-  with pytest.raises(ValueError, match='not a SentencePiece model'):
-    vocabulary.load_vocabulary(str(garbage))
+def cut_at_piece(model: bytes, pieces: int) -> bytes:
+  """The first bytes of `model`, up to the end of its first `pieces` pieces (a valid protobuf)."""
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.pieces.extend(sentencepiece_model_pb2.ModelProto.FromString(model).pieces[:pieces])
+  size = len(proto.SerializeToString())
+  assert model[:size] == proto.SerializeToString()
+  return model[:size]
+
+
+def test_bad_vocabularies_fail_with_one_line_naming_the_flag(vocab, tmp_path):
+  model = vocab.model_proto
+  # protobuf reads a model cut after its 100th piece as a model of 100 pieces, with T5's ids
+  assert spm.SentencePieceProcessor(model_proto=cut_at_piece(model, 100)).get_piece_size() == 100
+  broken = {'garbage.model': b'not a model', **{
+      f'short{size}.model': model[:size]
+      for size in (0, 100, len(cut_at_piece(model, 100)), len(model) // 2, len(model) - 1)}}
+  for name, content in broken.items():
+    (tmp_path / name).write_bytes(content)
+    for flag in ('data.vocabulary', '--vocabulary'):
+      with pytest.raises(ValueError, match=re.escape(
+          f'{flag}: {tmp_path / name} is not a SentencePiece model '
+          '(cut short, or another kind of file)') + '$'):
+        vocabulary.load_vocabulary(str(tmp_path / name), flag)
+  with pytest.raises(ValueError, match='^--vocabulary: no such file'):
+    vocabulary.load_vocabulary(str(tmp_path / 'missing.model'), '--vocabulary')
   corpus = tmp_path / 'c.txt'
   corpus.write_text('some words here and there,\n' * 200)
   spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / 'bos'),
                                  vocab_size=17, minloglevel=2)  # SentencePiece's ids: unk 0 bos 1
-  with pytest.raises(ValueError, match="not T5's"):
+  with pytest.raises(ValueError, match=re.escape(
+      f"data.vocabulary: {tmp_path / 'bos.model'} has (pad, eos, unk, bos) ids (-1, 2, 0, 1), "
+      "not T5's (0, 1, 2, -1)")):
     vocabulary.load_vocabulary(str(tmp_path / 'bos.model'))
