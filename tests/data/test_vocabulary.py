@@ -6,7 +6,9 @@ import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from t5lite import cli
 from t5lite.data import vocabulary
+from t5lite.objectives import ul2
 
 
 @pytest.fixture(scope='module')
@@ -47,6 +49,29 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
   with pytest.raises(ValueError, match=r'^--vocab_size=50000 does not fit --input .*: '
                      r'Vocabulary size too high \(50000\)'):
     vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
+
+
+def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
+  """`t5lite tokenizer` gives each mode an id of its own (3, 4, 5 after pad, eos and unk), as a
+  prompt's first text or after a space; the bundled vocabulary, trained before, reads any
+  bracket it lacks as unk."""
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('\n\n'.join(f'Document {i} speaks of ships, whales and {i * 7} sailors.'
+                                  for i in range(300)))
+  assert cli.main(['tokenizer', f'--input={corpus}', '--vocab_size=60',
+                   f'--out={tmp_path / "spm"}']) == 0
+  assert capsys.readouterr().out == f'wrote {tmp_path / "spm" / "vocab.model"}\n'
+  vocab = vocabulary.load_vocabulary(str(tmp_path / 'spm' / 'vocab.model'))
+  modes = {mode: vocab.encode(mode) for mode in ul2.MODES.values()}
+  assert modes == {'[NLU]': [3], '[NLG]': [4], '[S2S]': [5]}
+  for mode, ids in modes.items():
+    assert vocab.decode(ids) == mode
+    assert vocab.encode(f'{mode} ships') == ids + vocab.encode('ships')
+    assert vocab.encode(f'ships {mode}') == vocab.encode('ships') + ids
+  assert 3 not in vocab.encode('{NLU} (NLU) NLU')
+  bundled = vocabulary.load_vocabulary('bundled')
+  assert bundled.encode('[NLU]') == bundled.encode('{NLU}') == [39, 2, 1294, 1057, 1288, 2]
+  assert vocab.num_pieces == 60 and bundled.num_pieces == 8000  # the modes count as pieces
 
 
 def cut_at_piece(model: bytes, pieces: int) -> bytes:
