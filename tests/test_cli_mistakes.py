@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from t5lite import cli
+from t5lite.data import vocabulary
 from t5lite.train import run as run_lib
 from tests.fs import changes, snapshot
 from tests.texts import keyword_task, random_corpus
@@ -337,6 +338,11 @@ def mistakes() -> list[Case]:
            lambda s: s.train_new('--config.data.vocabulary=' + s.file(
                'vocab.model', 'the\nsea\nship\n')),
            lambda s: s.path('vocab.model'), 'new'),
+      Case('train-vocabulary-cut-short',
+           lambda s: s.train_new('--config.data.vocabulary=' + s.file(
+               'vocab.model', vocabulary.load_vocabulary().model_proto[:50_000])),
+           lambda s: f'data.vocabulary: {s.path("vocab.model")} is not a SentencePiece model '
+                     '(cut short', 'new'),
       Case('train-teacher-workdir-missing',
            lambda s: s.train_new(f'--config.train.teacher_workdir={s.path("teacher")}'),
            lambda s: s.path('teacher'), 'new'),

@@ -58,7 +58,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
     raise ValueError(f'--shard_index={shard_index} must be in [0, --num_shards={num_shards})')
   if workers < 0:
     raise ValueError(f'--workers={workers} must be at least 0 (0: every core)')
-  vocab = vocabulary_lib.load_vocabulary(vocabulary)
+  vocab = vocabulary_lib.load_vocabulary(vocabulary, flag='--vocabulary')
   every_input = sources.inputs(source, text_key, tfds_data_dir, flag='--source')
   if num_shards > len(every_input):
     raise ValueError(f'--num_shards={num_shards}: --source has {len(every_input)} input(s) '

@@ -4,15 +4,19 @@ T5 appends its sentinels after the SentencePiece pieces, counting down from the 
 pieces `<extra_id_0>` is id 8099, `<extra_id_1>` 8098, ..., `<extra_id_99>` 8000, so
 `vocab_size` is 8,100 (the model pads its embedding to 8,192, a multiple of 128).
 
+`train_tokenizer` reserves UL2's mode tokens as pieces of their own, ids 3, 4 and 5
+('▁[NLU]', '▁[NLG]', '▁[S2S]': a mode at the start of a text or after a space is one id).
+
 The bundled `vocab.model` is a unigram model of 8,000 pieces trained on the bundled corpus
-(about 30 CPU-seconds; byte-identical on every rebuild); rebuild it with
-
-  .venv/bin/python -c "from t5lite.data import vocabulary; \
-      vocabulary.train_tokenizer('bundled', 8000, 't5lite/data/bundled', overwrite=True)"
-
-which is what this runs (--overwrite: the folder holds the corpus too, which stays as it is):
+(about 30 CPU-seconds) by `train_tokenizer` as it was before it reserved the mode tokens, which
+made it byte for byte (sha256 356521ec85a9) with
 
   t5lite tokenizer --input=bundled --vocab_size=8000 --out=t5lite/data/bundled --overwrite
+
+(--overwrite: the folder holds the corpus too, which stays as it is). It has no mode token, nor
+`[` or `]`: '[NLU]' is 6 ids there, ▁ <unk> N L U <unk>. It is kept: running that today would
+move every other id up by three under the workdirs made with it, which record the vocabulary by
+name only ('bundled'), not by digest as a token store does.
 """
 
 import functools
@@ -24,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf import message
+from sentencepiece import sentencepiece_model_pb2
 
 from t5lite import files
 from t5lite import outputs
@@ -44,7 +50,12 @@ class Vocabulary:
   """A SentencePiece model plus T5's 100 sentinels; ids are Python ints or int32 arrays."""
 
   def __init__(self, model_proto: bytes, name: str = 'vocabulary'):
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    """`name`: how errors name the model ('--vocabulary: spm/vocab.model')."""
+    _check_whole_model(model_proto, name)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as error:  # a whole proto SentencePiece refuses: 'unk is not defined.'
+      raise ValueError(f'{name} is not a SentencePiece model ({error})') from None
     self.model_proto = model_proto  # the .model file's bytes, which an HF export copies
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
@@ -105,19 +116,30 @@ class Vocabulary:
     return ' '.join(part for part in parts if part)
 
 
+def _check_whole_model(model_proto: bytes, name: str) -> None:
+  """Refuses bytes that are not a whole SentencePiece model in one line naming `name`. Protobuf
+  reads a file cut between two pieces as a smaller model (and an empty one as a model of none);
+  the normalizer spec, which SentencePiece writes after the pieces and the trainer spec, is there
+  only in a whole one."""
+  try:
+    whole = sentencepiece_model_pb2.ModelProto.FromString(model_proto).HasField('normalizer_spec')
+  except message.DecodeError:
+    whole = False
+  if not whole:
+    raise ValueError(f'{name} is not a SentencePiece model (cut short, or another kind of file)')
+
+
 @functools.lru_cache(maxsize=4)
-def load_vocabulary(name: str = BUNDLED) -> Vocabulary:
-  """'bundled' (the package's vocab.model) or the path of a SentencePiece .model."""
+def load_vocabulary(name: str = BUNDLED, flag: str = 'data.vocabulary') -> Vocabulary:
+  """'bundled' (the package's vocab.model) or the path of a SentencePiece .model; errors name
+  `flag`, the setting the user gave it with (prepare's --vocabulary)."""
   if name == BUNDLED:
     proto = importlib.resources.files('t5lite.data').joinpath('bundled/vocab.model').read_bytes()
   elif not paths.path(name).exists():
-    raise ValueError(f'data.vocabulary: no such file {name!r} (use "bundled" or a .model path)')
+    raise ValueError(f'{flag}: no such file {name!r} (use "bundled" or a .model path)')
   else:
-    proto = files.read_bytes(name, 'data.vocabulary')
-  try:
-    return Vocabulary(proto, name)
-  except RuntimeError as error:  # SentencePiece's parse error
-    raise ValueError(f'data.vocabulary: {name} is not a SentencePiece model ({error})') from None
+    proto = files.read_bytes(name, flag)
+  return Vocabulary(proto, files.named(name, flag))
 
 
 def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir: str = '.',
@@ -125,10 +147,12 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
   """Trains a unigram SentencePiece model with T5's ids; returns the path of `vocab.model`.
 
   `inputs` are what `data.source` accepts ('bundled', .txt/.jsonl files or globs);
-  `vocab_size` counts pieces: the Vocabulary adds the 100 sentinels. Which `out_dir` may be
-  written, checked before training, and how: t5lite/outputs.py.
+  `vocab_size` counts pieces, the three mode pieces among them: the Vocabulary adds the 100
+  sentinels. Which `out_dir` may be written, checked before training, and how:
+  t5lite/outputs.py.
   """
   from t5lite.data import sources  # TensorFlow's: a run that reads no text never loads it
+  from t5lite.objectives import ul2
   outputs.check_folder(out_dir, (VOCAB_FILE,), overwrite=overwrite)
   documents, _ = sources.read_documents(inputs, text_key, flag='--input')
   sentences = (s for doc in documents for s in _SENTENCE_BREAK.split(doc) if s.strip())
@@ -138,6 +162,9 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
     spm.SentencePieceTrainer.train(
         sentence_iterator=sentences, model_writer=model, vocab_size=vocab_size,
         model_type='unigram', pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        # '▁[NLU]', not '[NLU]': SentencePiece's dummy prefix would make '[NLU]' two ids, ▁ [NLU],
+        # and an HF export one (it matches '[NLU]' before its pre-tokenizer adds the ▁)
+        user_defined_symbols=['\u2581' + mode for mode in ul2.MODES.values()],
         character_coverage=0.9999, max_sentence_length=16384, input_sentence_size=10_000_000,
         shuffle_input_sentence=True, num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:  # e.g. "... Vocabulary size too high (50000). Please set it ..."

@@ -158,8 +158,9 @@ def at_least(data: ml_collections.ConfigDict, name: str, minimum: int) -> int:
 
 
 def mode_tokens(data: ml_collections.ConfigDict) -> list[int]:
-  """The ids of the text `data.mode` as the run's vocabulary encodes it ('[NLU]' -> 6 ids of
-  the bundled one, which has no [ or ]: ▁ <unk> N L U <unk>); [] without a mode."""
+  """The ids of the text `data.mode` as the run's vocabulary encodes it ('[NLU]' -> 1 id of one
+  `t5lite tokenizer` trains, 6 of the bundled one, which has no [ or ]: ▁ <unk> N L U <unk>);
+  [] without a mode."""
   if not data.get('mode'):
     return []
   from t5lite.data import vocabulary

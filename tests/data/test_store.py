@@ -249,6 +249,7 @@ def test_out_that_may_not_be_written_is_refused_before_reading(bundled_store, tm
   (workdir / 'checkpoints').mkdir(parents=True)
   (workdir / 'config.json').write_text('{}')
   (tmp_path / 'a_file').write_text('x')
+  (tmp_path / 'short.model').write_bytes(vocabulary.load_vocabulary().model_proto[:50_000])
   cases = [
       ([f'--out={workdir / "store"}'], 'inside the workdir'),
       ([f'--out={tmp_path / "a_file"}'], 'is a file, not a folder'),
@@ -256,7 +257,10 @@ def test_out_that_may_not_be_written_is_refused_before_reading(bundled_store, tm
       ([f'--out={tmp_path}/x', '--num_shards=2'], '--source has 1 input'),
       ([f'--out={tmp_path}/x', '--shard_index=1'], 'must be in \\[0, --num_shards=1\\)'),
       ([f'--out={tmp_path}/x', '--validation_fraction=1'], 'must be in \\[0, 1\\)'),
-      ([f'--out={tmp_path}/x', '--vocabulary=/no/such.model'], 'no such file'),
+      ([f'--out={tmp_path}/x', '--vocabulary=/no/such.model'],
+       "--vocabulary: no such file '/no/such.model'"),
+      ([f'--out={tmp_path}/x', f'--vocabulary={tmp_path / "short.model"}'],
+       f'--vocabulary: {tmp_path / "short.model"} is not a SentencePiece model \\(cut short'),
   ]
   before = snapshot(tmp_path), snapshot(bundled_store)
   for flags, message in cases:

@@ -1,9 +1,14 @@
 """The vocabulary has T5's ids and sentinels; train_tokenizer makes such vocabularies."""
 
+import re
+
 import pytest
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
+from t5lite import cli
 from t5lite.data import vocabulary
+from t5lite.objectives import ul2
 
 
 @pytest.fixture(scope='module')
@@ -46,16 +51,59 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
     vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
 
 
-def test_bad_vocabularies_fail_with_one_line(tmp_path):
-  with pytest.raises(ValueError, match='no such file'):
-    vocabulary.load_vocabulary(str(tmp_path / 'missing.model'))
-  garbage = tmp_path / 'garbage.model'
-  garbage.write_bytes(b'not a model')
-  with pytest.raises(ValueError, match='not a SentencePiece model'):
-    vocabulary.load_vocabulary(str(garbage))
+def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
+  """`t5lite tokenizer` gives each mode an id of its own (3, 4, 5 after pad, eos and unk), as a
+  prompt's first text or after a space; the bundled vocabulary, trained before, reads any
+  bracket it lacks as unk."""
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('\n\n'.join(f'Document {i} speaks of ships, whales and {i * 7} sailors.'
+                                  for i in range(300)))
+  assert cli.main(['tokenizer', f'--input={corpus}', '--vocab_size=60',
+                   f'--out={tmp_path / "spm"}']) == 0
+  assert capsys.readouterr().out == f'wrote {tmp_path / "spm" / "vocab.model"}\n'
+  vocab = vocabulary.load_vocabulary(str(tmp_path / 'spm' / 'vocab.model'))
+  modes = {mode: vocab.encode(mode) for mode in ul2.MODES.values()}
+  assert modes == {'[NLU]': [3], '[NLG]': [4], '[S2S]': [5]}
+  for mode, ids in modes.items():
+    assert vocab.decode(ids) == mode
+    assert vocab.encode(f'{mode} ships') == ids + vocab.encode('ships')
+    assert vocab.encode(f'ships {mode}') == vocab.encode('ships') + ids
+  assert 3 not in vocab.encode('{NLU} (NLU) NLU')
+  bundled = vocabulary.load_vocabulary('bundled')
+  assert bundled.encode('[NLU]') == bundled.encode('{NLU}') == [39, 2, 1294, 1057, 1288, 2]
+  assert vocab.num_pieces == 60 and bundled.num_pieces == 8000  # the modes count as pieces
+
+
+def cut_at_piece(model: bytes, pieces: int) -> bytes:
+  """The first bytes of `model`, up to the end of its first `pieces` pieces (a valid protobuf)."""
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.pieces.extend(sentencepiece_model_pb2.ModelProto.FromString(model).pieces[:pieces])
+  size = len(proto.SerializeToString())
+  assert model[:size] == proto.SerializeToString()
+  return model[:size]
+
+
+def test_bad_vocabularies_fail_with_one_line_naming_the_flag(vocab, tmp_path):
+  model = vocab.model_proto
+  # protobuf reads a model cut after its 100th piece as a model of 100 pieces, with T5's ids
+  assert spm.SentencePieceProcessor(model_proto=cut_at_piece(model, 100)).get_piece_size() == 100
+  broken = {'garbage.model': b'not a model', **{
+      f'short{size}.model': model[:size]
+      for size in (0, 100, len(cut_at_piece(model, 100)), len(model) // 2, len(model) - 1)}}
+  for name, content in broken.items():
+    (tmp_path / name).write_bytes(content)
+    for flag in ('data.vocabulary', '--vocabulary'):
+      with pytest.raises(ValueError, match=re.escape(
+          f'{flag}: {tmp_path / name} is not a SentencePiece model '
+          '(cut short, or another kind of file)') + '$'):
+        vocabulary.load_vocabulary(str(tmp_path / name), flag)
+  with pytest.raises(ValueError, match='^--vocabulary: no such file'):
+    vocabulary.load_vocabulary(str(tmp_path / 'missing.model'), '--vocabulary')
   corpus = tmp_path / 'c.txt'
   corpus.write_text('some words here and there,\n' * 200)
   spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / 'bos'),
                                  vocab_size=17, minloglevel=2)  # SentencePiece's ids: unk 0 bos 1
-  with pytest.raises(ValueError, match="not T5's"):
+  with pytest.raises(ValueError, match=re.escape(
+      f"data.vocabulary: {tmp_path / 'bos.model'} has (pad, eos, unk, bos) ids (-1, 2, 0, 1), "
+      "not T5's (0, 1, 2, -1)")):
     vocabulary.load_vocabulary(str(tmp_path / 'bos.model'))

@@ -31,7 +31,8 @@ SENTINEL_TEXTS = ['The <extra_id_0> walks in <extra_id_99>.', 'a<extra_id_5>b',
                   ' '.join(f'word{n} <extra_id_{n}>' for n in range(100))]
 OTHER_TEXTS = ['', '   ', '  leading, trailing and  multiple   spaces  ', 'tabs\tand\t\ttabs',
                'lines\nof\n\ntext\r\nend\n', '12,345.67 + 8 = 9.0; (x) [y] {z}!? $%& #1 2nd',
-               'Ünïcödé café — “quoted” it’s naïve 日本語 ﬁ ① ｆｕｌｌ 😀😀 x']
+               'Ünïcödé café — “quoted” it’s naïve 日本語 ﬁ ① ｆｕｌｌ 😀😀 x',
+               '[NLU] UL2\'s modes: [NLG], x[S2S]y and  [S2S]']  # pieces of a trained vocabulary
 
 
 @pytest.fixture(scope='module')
