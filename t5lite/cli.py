@@ -147,15 +147,18 @@ def prepare_command(args, overrides):
   from t5lite.commands import prepare
   if overrides:
     raise ValueError(f'prepare takes no --config overrides, got {overrides[0]}')
-  manifest = prepare.prepare(
+  manifest, skipped = prepare.prepare(
       args.source, args.out, vocabulary=args.vocabulary, text_key=args.text_key,
       validation_fraction=args.validation_fraction, tfds_data_dir=args.tfds_data_dir,
       workers=args.workers, num_shards=args.num_shards, shard_index=args.shard_index,
-      overwrite=args.overwrite, progress=sys.stderr if sys.stderr.isatty() else None)
+      overwrite=args.overwrite, max_bad_fraction=args.max_bad_fraction,
+      progress=sys.stderr if sys.stderr.isatty() else None)
   documents, tokens = manifest['documents'], manifest['tokens']
   print(f'prepared {manifest["part"]} of {args.out}: {sum(documents.values()):,} documents, '
         f'{sum(tokens.values()):,} tokens ({tokens["train"]:,} train, '
         f'{tokens["validation"]:,} validation); skipped: {manifest["skipped"] or "nothing"}')
+  if skipped:
+    print(f'warning: {skipped.line()}', file=sys.stderr)
 
 
 EPILOG = ('Every setting of the config can be overridden as --config.a.b=value (parsed as the '
@@ -316,6 +319,10 @@ def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
   prepare.add_argument('--num_shards', type=int, default=1,
                        help='parts the store is prepared in, one per machine or run')
   prepare.add_argument('--shard_index', type=int, default=0, help='the part this run prepares')
+  prepare.add_argument('--max_bad_fraction', type=float, default=0.01,
+                       help="the most of a file's lines (paragraphs, rows) that may be malformed "
+                       '(not UTF-8, not JSON, without the text key) and skipped; a file with '
+                       'more is refused')
 
 
 # Each command's own flags; --config, --workdir and --overwrite are added in `parser`.

@@ -45,12 +45,15 @@ _PART_FILE = re.compile(r'\.?part-\d{5}-of-\d{5}\..+')
 def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str = 'text',
             validation_fraction: float = 0.05, tfds_data_dir: str = '', workers: int = 0,
             num_shards: int = 1, shard_index: int = 0, overwrite: bool = False,
-            progress=None) -> dict:
-  """Writes part `shard_index` of `num_shards` of the store `out`; returns its manifest.
+            max_bad_fraction: float = sources.MAX_BAD_FRACTION,
+            progress=None) -> tuple[dict, sources.Skipped]:
+  """Writes part `shard_index` of `num_shards` of the store `out`; returns its manifest and what
+  reading the source skipped.
 
   Every check runs before anything is written: one ValueError line for a bad setting, a source
-  that cannot be read, or an --out that is no place for this part. `progress`: a text stream
-  for a progress line (documents, tokens, tokens/s, ETA), or None.
+  that cannot be read (or a file of it with more than `max_bad_fraction` of its lines
+  malformed), or an --out that is no place for this part. `progress`: a text stream for a
+  progress line (documents, tokens, tokens/s, ETA), or None.
   """
   if not 0 <= validation_fraction < 1:
     raise ValueError(f'--validation_fraction={validation_fraction} must be in [0, 1)')
@@ -58,6 +61,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
     raise ValueError(f'--shard_index={shard_index} must be in [0, --num_shards={num_shards})')
   if workers < 0:
     raise ValueError(f'--workers={workers} must be at least 0 (0: every core)')
+  skipped = sources.Skipped(max_bad_fraction=max_bad_fraction)
   vocab = vocabulary_lib.load_vocabulary(vocabulary, flag='--vocabulary')
   every_input = sources.inputs(source, text_key, tfds_data_dir, flag='--source')
   if num_shards > len(every_input):
@@ -77,7 +81,6 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
   _check_out(out, manifest, num_shards, overwrite)
 
   where = f'part {shard_index} of {num_shards} of {out}'
-  skipped = collections.Counter()
   documents, tokens = collections.Counter(), collections.Counter()
   meter = _Progress(progress, part, len(mine))
   with _PartWriter(out, part, where) as writer:
@@ -91,7 +94,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
     meter.close()
     if not sum(tokens.values()):
       raise ValueError(f'--source {source!r} holds no text in part {shard_index} of '
-                       f'{num_shards} (skipped: {dict(skipped)})')
+                       f'{num_shards} ({skipped.line()})')
     if not tokens['train']:
       raise ValueError(f'--validation_fraction={validation_fraction} held out all '
                        f'{documents["validation"]:,} documents of part {shard_index} of '
@@ -100,7 +103,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
                     tokens={s: tokens[s] for s in store.SPLITS},
                     skipped=dict(sorted(skipped.items())))
     writer.publish(manifest)
-  return manifest
+  return manifest, skipped
 
 
 def _check_out(out: str, manifest: dict, num_shards: int, overwrite: bool) -> None:
@@ -131,9 +134,15 @@ def _check_out(out: str, manifest: dict, num_shards: int, overwrite: bool) -> No
       theirs, ours = other.get(key), manifest[key]
       if key == 'vocabulary':
         theirs, ours = (theirs if isinstance(theirs, dict) else {}).get('sha256'), ours['sha256']
+      elif key == 'source':  # its files are read in sorted order: 'a,b' is 'b,a'
+        theirs, ours = (_parts(s) if isinstance(s, str) else s for s in (theirs, ours))
       if theirs != ours:
         raise ValueError(f'{where}, prepared with another {flag}; give the same one, or a '
                          'new --out')
+
+
+def _parts(source: str) -> list[str]:
+  return sorted(part.strip() for part in source.split(','))
 
 
 class _PartWriter:

@@ -36,6 +36,7 @@ import re
 import weakref
 import zlib
 
+from absl import logging
 import ml_collections
 import numpy as np
 from t5lite.data.tf_setup import plain, tf
@@ -160,7 +161,10 @@ def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
     if tokens.size < raw_length:
       raise ValueError(f'{f"data.mixture.{name}: " if name else ""}the {split} split has '
                        f'{tokens.size} tokens, fewer than one example of {raw_length}; add text '
-                       'or change data.validation_fraction')
+                       'or change data.validation_fraction'
+                       + (f' ({tokens.skipped})' if tokens.skipped else ''))
+    if tokens.skipped and split != 'validation':  # once a source, and only when it is taken
+      logging.warning('%s: %s', f'data.mixture.{name}' if name else 'data.source', tokens.skipped)
     # A component's random choices are keyed by its name; a single source's as before mixtures.
     streams.append(_Stream(tokens, raw_length, objective.row_values(view),
                            [view.seed, 2 * zlib.crc32(name.encode()) if name else 0]))

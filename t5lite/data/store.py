@@ -32,7 +32,6 @@ import re
 import threading
 from typing import Iterator, Sequence
 
-from absl import logging
 import google_crc32c
 import numpy as np
 
@@ -177,9 +176,12 @@ class BlockChecksums:
 
 
 class Tokens:
-  """A split's tokens: pieces (numpy arrays, token files) read as one sequence."""
+  """A split's tokens: pieces (numpy arrays, token files) read as one sequence. `skipped`: what
+  tokenizing them here skipped, one line ('' if nothing), for the run to say once it goes on, or
+  to fold into the line that refuses them."""
 
-  def __init__(self, pieces: Sequence, remote: bool = False):
+  def __init__(self, pieces: Sequence, remote: bool = False, skipped: str = ''):
+    self.skipped = skipped
     self._pieces = [p for p in pieces if len(p)]
     self._starts = list(np.cumsum([0] + [len(p) for p in self._pieces]))
     self.size = int(self._starts[-1])
@@ -452,10 +454,11 @@ def open_store(path: str) -> Store:
 
 @functools.lru_cache(maxsize=4)
 def _in_memory(source: str, text_key: str, vocabulary_name: str, validation_fraction: float,
-               tfds_data_dir: str) -> tuple[np.ndarray, np.ndarray]:
-  """The (train, validation) tokens of a source tokenized here: once per process."""
+               tfds_data_dir: str) -> tuple[np.ndarray, np.ndarray, str]:
+  """The (train, validation) tokens of a source tokenized here, once per process, and what was
+  skipped (Skipped.line(), or '')."""
   vocab = vocabulary_lib.load_vocabulary(vocabulary_name)
-  skipped = collections.Counter()
+  skipped = sources.Skipped(flag='data.source')
   pieces = ([], [])
   for chunk in tokenize(sources.inputs(source, text_key, tfds_data_dir), vocab,
                         validation_fraction, skipped):
@@ -463,10 +466,8 @@ def _in_memory(source: str, text_key: str, vocabulary_name: str, validation_frac
     pieces[1].append(chunk.validation)
   train, validation = (np.concatenate(split) for split in pieces)
   if not train.size + validation.size:
-    raise ValueError(f'data.source {source!r} holds no text (skipped: {dict(skipped)})')
-  if skipped:
-    logging.warning('data source %s: skipped %s', source, dict(skipped))
-  return train, validation
+    raise ValueError(f'data.source {source!r} holds no text ({skipped.line()})')
+  return train, validation, skipped.line() if skipped else ''
 
 
 def split_tokens(data, split: str) -> Tokens:
@@ -478,11 +479,12 @@ def split_tokens(data, split: str) -> Tokens:
     store.check_vocabulary(vocabulary_lib.load_vocabulary(data.vocabulary), data.vocabulary)
     tokens, advice = store.tokens(split), 'its held-out split is the one it was prepared with'
   else:
-    train, validation = _in_memory(data.source, data.text_key, data.vocabulary,
-                                   data.validation_fraction, data.tfds_data_dir)
+    train, validation, skipped = _in_memory(data.source, data.text_key, data.vocabulary,
+                                            data.validation_fraction, data.tfds_data_dir)
     pieces = {'train': [train], 'validation': [validation], 'all': [train, validation]}[split]
-    tokens = Tokens(pieces)
+    tokens = Tokens(pieces, skipped=skipped)
     advice = f'change data.validation_fraction={data.validation_fraction}'
   if not tokens.size:
-    raise ValueError(f'the {split} split of {data.source!r} is empty; {advice}')
+    raise ValueError(f'the {split} split of {data.source!r} is empty; {advice}'
+                     + (f' ({tokens.skipped})' if tokens.skipped else ''))
   return tokens

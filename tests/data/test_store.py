@@ -184,11 +184,35 @@ def test_skipped_records_are_counted_in_the_manifest(tmp_path, capsys):
   lines[3:3] = ['{not json', json.dumps(['a list']), json.dumps({'body': 'no text key'}),
                 b'{"text": "caf\xe9"}'.decode('latin-1')]
   (text / 'a.jsonl').write_bytes('\n'.join(lines).encode('latin-1'))
-  status, out, _ = prepare(capsys, f'--source={text / "a.jsonl"}', f'--out={tmp_path / "s"}')
+  status, out, err = prepare(capsys, f'--source={text / "a.jsonl"}', f'--out={tmp_path / "s"}',
+                             '--max_bad_fraction=0.2')
   manifest = json.loads((tmp_path / 's' / 'part-00000-of-00001.json').read_text())
   assert status == 0 and sum(manifest['documents'].values()) == 20
   assert manifest['skipped'] == {'lines_without_text': 3, 'non_utf8_documents': 1}
   assert "skipped: {'lines_without_text': 3, 'non_utf8_documents': 1}" in out
+  assert err == ('warning: skipped 4 of 24 pieces read (lines_without_text: 3, '
+                 f'non_utf8_documents: 1; the first malformed at {text / "a.jsonl"}:4)\n')
+  status, out, err = prepare(capsys, f'--source={text / "a.jsonl"}', f'--out={tmp_path / "t"}')
+  assert (status, out) == (2, '') and err == (
+      f't5lite prepare: error: --max_bad_fraction: 4 of the 24 lines of {text / "a.jsonl"} are '
+      'malformed (lines_without_text: 3, non_utf8_documents: 1; the first at '
+      f'{text / "a.jsonl"}:4), more than 0.01 of them\n')
+  assert not (tmp_path / 't').exists()
+
+
+def test_a_source_refused_for_its_size_says_what_was_skipped_in_the_same_line(tmp_path, capsys):
+  """One line, not a warning and then the refusal."""
+  lines = [json.dumps({'text': 'whale'})] * 100
+  lines[40] = '{not json'
+  (tmp_path / 'a.jsonl').write_text('\n'.join(lines) + '\n')
+  status = cli.main(['data', f'--config={ROOT}/configs/t5_tiny.py', '--show=1',
+                     f'--config.data.source={tmp_path / "a.jsonl"}'])
+  err = capsys.readouterr().err
+  assert status == 2 and re.fullmatch(
+      't5lite data: error: the train split has [0-9]+ tokens, fewer than one example of [0-9]+; '
+      'add text or change data.validation_fraction \\(skipped 1 of 100 pieces read '
+      f'\\(lines_without_text: 1; the first malformed at {re.escape(str(tmp_path))}/a.jsonl:41'
+      '\\)\\)\n', err), err
 
 
 def truncated(data: bytes) -> bytes:
@@ -402,7 +426,7 @@ def test_the_progress_line_counts_documents_tokens_and_the_inputs_read(corpus, t
   monkeypatch.setattr(prepare, '_PROGRESS_EVERY_S', 0.0)
   shown = io.StringIO()
   folder, texts = corpus
-  manifest = prepare.prepare(str(folder / 'text' / '*'), str(tmp_path / 's'), progress=shown)
+  manifest, _ = prepare.prepare(str(folder / 'text' / '*'), str(tmp_path / 's'), progress=shown)
   lines = shown.getvalue().split('\r')[1:]
   assert lines[-1].startswith(f'part-00000-of-00001: {len(texts)} documents, '
                               f'{sum(manifest["tokens"].values()):,} tokens, ')
