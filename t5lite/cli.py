@@ -64,8 +64,15 @@ def eval_command(args, overrides):
   print(json.dumps(metrics))
 
 
-@command('data', 'write the first batches exactly as the train step receives them')
+@command('data', 'write the first batches exactly as the train step receives them, or verify '
+         'a token store')
 def data_command(args, overrides):
+  if args.verify:
+    from t5lite.data import store
+    if overrides or args.config or args.out or args.show:
+      raise ValueError('--verify=STORE takes no other flag')
+    print(store.verify(args.verify, progress=sys.stderr if sys.stderr.isatty() else None))
+    return
   from t5lite.data import batches
   config = load_run_config(args, overrides)
   if args.out:
@@ -244,6 +251,9 @@ def _data_flags(data: argparse.ArgumentParser) -> None:
   data.add_argument('--num_batches', type=int, default=4, help='batches to write')
   data.add_argument('--out', help='.npz file for the batches')
   data.add_argument('--show', type=int, default=0, help='print K decoded examples')
+  data.add_argument('--verify', metavar='STORE', help='read every block of the token store '
+                    'STORE, checking it against its checksum and every token id against the '
+                    'vocabulary')
 
 
 def _export_flags(export: argparse.ArgumentParser) -> None:

@@ -134,6 +134,10 @@ def show_data(source: str, vocabulary: str = '') -> Callable[[Case], list[str]]:
                     *([f'--config.data.vocabulary={c.path(vocabulary)}'] if vocabulary else [])]
 
 
+def verify(store: str) -> Callable[[Case], list[str]]:
+  return lambda c: ['data', f'--verify={c.path(store)}']
+
+
 RUN, HF, TEXT = ('run',), ('hf',), ('corpus.txt',)
 KINDS = [
     # a workdir's own files: train resumed at its step reads config.json (nothing to train)
@@ -161,8 +165,13 @@ KINDS = [
          'compressed', 60),
     Kind('vocabulary', 'vocab.model', show_data('corpus.txt', 'vocab.model'),
          ('vocab.model', 'corpus.txt'), examples=30),
-    # a token store, read by a run
+    # a token store, read by a run, and read whole
     Kind('store-manifest', f'store/{STORE_PART}.json', show_data('store'), ('store',), 'json', 40),
+    Kind('store-train', f'store/{STORE_PART}.train', verify('store'), ('store',), examples=30),
+    Kind('store-validation', f'store/{STORE_PART}.validation', verify('store'), ('store',),
+         examples=10),
+    Kind('store-checksums', f'store/{STORE_PART}.train.crc32c', verify('store'), ('store',),
+         examples=20, or_names=f'store/{STORE_PART}.train'),  # the file it checks, and it
     # fine-tuning tasks and infer's inputs
     Kind('task-tsv', 'task.tsv', finetune('task.tsv'), (*RUN, 'task.tsv'), examples=6),
     Kind('task-jsonl', 'task.jsonl', finetune('task.jsonl'), (*RUN, 'task.jsonl'), 'jsonl', 2),

@@ -30,6 +30,7 @@ import os
 import queue
 import re
 import threading
+import time
 from typing import Iterator, Sequence
 
 import google_crc32c
@@ -261,7 +262,8 @@ class _TokenFile:
       if google_crc32c.value(data) != checksum:
         at = offset + block * BLOCK_BYTES
         raise ValueError(f'{self._tokens.name}: the bytes {at:,} to {at + len(data):,} do not '
-                         f'match their checksum: {self._damaged}')
+                         f'match their checksum in {os.path.basename(self._checksums.name)}: '
+                         f'{self._damaged}')
     if len(expected) < last - first or len(raw) < end - offset:
       raise ValueError(f'{self._tokens.name} ends before byte {end:,}: {self._damaged}')
     return np.frombuffer(raw, self._dtype, (end - begin) // self._dtype.itemsize, begin - offset)
@@ -293,24 +295,31 @@ class Store:
                       _damaged(self.path, index, len(self.manifests)))
 
   def verify(self, progress=None) -> int:
-    """Reads every block of every part and checks its checksum, and every token against the
-    vocabulary's size; returns the tokens read. One ValueError line naming the part and the
-    offset of the first damaged block. `progress(tokens read)`, if given, after each read."""
-    done = 0
+    """Reads every block of every part, checks it against its checksum and every token against
+    the vocabulary's size; returns the tokens read. One ValueError line naming the part and the
+    offset of the first damage. `progress`: a text stream for a line rewritten about once a
+    second (tokens read, of how many), or None."""
+    total = sum(sum(manifest['tokens'].values()) for manifest in self.manifests)
+    step = VERIFY_BLOCKS * BLOCK_BYTES // self.dtype.itemsize
+    done, shown, line = 0, time.monotonic(), False
     for index, manifest in enumerate(self.manifests):
       for split in SPLITS:
         file, size = self._file(index, split), manifest['tokens'][split]
-        step = VERIFY_BLOCKS * BLOCK_BYTES // self.dtype.itemsize
         for begin in range(0, size, step):
           tokens = file[begin:min(begin + step, size)]
-          if tokens.size and tokens.max() >= self.vocabulary['size']:
-            where = begin + int(np.argmax(tokens >= self.vocabulary['size']))
-            raise ValueError(f'{self.path}/{manifest["part"]}.{split}: token {where:,} is id '
-                             f'{tokens.max()}, past the vocabulary\'s {self.vocabulary["size"]:,} '
-                             f'ids: {_damaged(self.path, index, len(self.manifests))}')
+          past = np.flatnonzero(tokens >= self.vocabulary['size'])
+          if past.size:
+            raise ValueError(f'{self.path}/{manifest["part"]}.{split}: token {begin + past[0]:,} '
+                             f'is id {tokens[past[0]]}, past the vocabulary\'s '
+                             f'{self.vocabulary["size"]:,} ids: '
+                             f'{_damaged(self.path, index, len(self.manifests))}')
           done += tokens.size
-          if progress:
-            progress(done)
+          if progress is not None and time.monotonic() - shown >= 1:
+            shown, line = time.monotonic(), True
+            progress.write(f'\r{done:,} of {total:,} tokens verified')
+            progress.flush()
+    if line:
+      progress.write('\n')
     return done
 
   def check_vocabulary(self, vocab: vocabulary_lib.Vocabulary, name: str) -> None:
@@ -445,6 +454,17 @@ def _read_manifest(file, index: int, count: int, path: str, flag: str) -> dict:
   except ValueError as error:
     raise ValueError(f'{error}: {_damaged(path, index, count)}') from None
   return manifest
+
+
+def verify(path: str, progress=None) -> str:
+  """`t5lite data --verify`: reads the whole store at `path` (Store.verify); what it holds, in a
+  line."""
+  if not paths.path(path).is_dir():
+    raise ValueError(f'--verify={path} is no folder; give a token store')
+  checked = Store(path, '--verify')
+  tokens = checked.verify(progress)
+  return (f'{path}: {len(checked.manifests)} part(s), {tokens:,} tokens, every block as its '
+          'checksum says and every id within the vocabulary')
 
 
 @functools.lru_cache(maxsize=4)

@@ -117,11 +117,15 @@ def test_configs_that_cannot_work_fail_with_one_line(small_data, change, message
 
 def test_bad_files_are_skipped_or_refused(tmp_path, small_data):
   (tmp_path / 'empty.txt').write_text('')
-  (tmp_path / 'bad.txt').write_bytes(b'\xff\xfe\x00 not utf-8 \x80')
   long_document = ' '.join(f'token{i}' for i in range(3000))  # many chunks long
   (tmp_path / 'long.txt').write_text(f'{long_document}\n\n   \n\nshort one')
   data = small_data(source=str(tmp_path / '*.txt'), validation_fraction=0.0)
   assert next(single(data))['encoder_input_tokens'].shape == (8, 64)
+  (tmp_path / 'bad.txt').write_bytes(b'\xff\xfe\x00 not utf-8 \x80')  # none of it text
+  with pytest.raises(ValueError, match=f'^data.source: 1 of the 1 paragraphs of {tmp_path}/bad.txt '
+                                       'are malformed \\(non_utf8_documents: 1; the first at '):
+    single(small_data(source=f'{tmp_path}/*.txt,{tmp_path}/bad.txt',  # not the cached source
+                      validation_fraction=0.0))
   (tmp_path / 'tiny').mkdir()
   (tmp_path / 'tiny' / 'a.txt').write_text('too short for one example')
   with pytest.raises(ValueError, match='fewer than one example of 70'):

@@ -239,7 +239,7 @@ def test_a_comma_list_in_any_order_makes_the_same_store(tmp_path, capsys):
                    if not f.name.endswith('.json')})
     manifest = json.loads((tmp_path / order / 'part-00001-of-00002.json').read_text())
     assert manifest['inputs'] == [str(tmp_path / 'c.jsonl'), str(tmp_path / 'd.jsonl')]
-  assert stores[0] == stores[1] and len(stores[0]) == 4
+  assert stores[0] == stores[1] and len(stores[0]) == 8  # 2 parts: 2 splits, their checksums
 
 
 # What prepare refuses in the source itself: one stderr line, exit status 2, nothing written.

@@ -274,8 +274,8 @@ def test_a_changed_byte_is_refused_when_read_naming_the_part_and_offset(small, t
     tokens = store.Store(str(out)).tokens('train')
     block = at // store.BLOCK_BYTES * store.BLOCK_BYTES
     end = min(block + store.BLOCK_BYTES, size)
-    refused = (f'{out}/{PART}.train: the bytes {block:,} to {end:,} do not match their checksum:'
-               f' the store is damaged; prepare part 0 of 1 again')
+    refused = (f'{out}/{PART}.train: the bytes {block:,} to {end:,} do not match their checksum'
+               f' in {PART}.train.crc32c: the store is damaged; prepare part 0 of 1 again')
     with pytest.raises(ValueError, match=re.escape(refused)):
       tokens.window(min(max(at // 2 - 3, 0), last_window), 6)  # a window over the changed byte
     with pytest.raises(ValueError, match=re.escape(refused)):
@@ -383,3 +383,27 @@ def test_a_manifest_at_odds_with_the_store_or_the_vocabulary_is_refused(small, t
   assert status == 2 and err == (f't5lite data: error: data.source: {out}: its manifests say its '
                                  "vocabulary has 8,000 ids, data.vocabulary='bundled' (the same "
                                  'model) has 8,100: the store is damaged; prepare it again\n')
+
+
+def test_data_verify_reads_the_whole_store(small, tmp_path, capsys):
+  _, clean = small
+  tokens = sum(store.Store(str(clean)).manifests[0]['tokens'].values())
+  assert cli.main(['data', f'--verify={clean}']) == 0
+  assert capsys.readouterr().out == (f'{clean}: 1 part(s), {tokens:,} tokens, every block as its '
+                                     'checksum says and every id within the vocabulary\n')
+  for flags, message in (([f'--verify={clean}', '--show=1'], '--verify=STORE takes no other flag'),
+                         ([f'--verify={clean}/{PART}.json'], 'is no folder; give a token store')):
+    assert cli.main(['data', *flags]) == 2
+    assert message in capsys.readouterr().err
+  out = copy_of(clean, tmp_path)
+  with open(out / f'{PART}.train', 'r+b') as f:  # an id past the vocabulary, checksummed anew
+    f.write(np.array([9000], '<u2').tobytes())
+    f.seek(0)
+    block = f.read(store.BLOCK_BYTES)
+  with open(out / f'{PART}.train.crc32c', 'r+b') as f:
+    f.write(store.BlockChecksums().update(block))
+  assert cli.main(['data', f'--verify={out}']) == 2
+  assert capsys.readouterr().err == (
+      f't5lite data: error: {out}/{PART}.train: token 0 is id 9000, past the vocabulary\'s 8,100 '
+      f'ids: the store is damaged; prepare part 0 of 1 again (--overwrite --shard_index=0 '
+      f'--num_shards=1), and check the rest with `t5lite data --verify={out}`\n')
