@@ -161,7 +161,7 @@ class _PartWriter:
   """
 
   def __init__(self, out: str, part: str, where: str):
-    self._out, self._part, self._where = out, part, where
+    self._part, self._where = part, where
     self._folder = paths.path(out)
     self._remote = paths.is_uri(self._folder)
     self._created = None if self._remote else next(

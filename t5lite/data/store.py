@@ -228,12 +228,16 @@ class _Ranges:
     self._fd = None if remote else os.open(name, os.O_RDONLY)
 
   def read(self, offset: int, count: int) -> bytes:
-    if self._fd is not None:
-      return os.pread(self._fd, count, offset)
-    if not hasattr(self._local, 'file'):
-      self._local.file = tf.io.gfile.GFile(self.name, 'rb')
-    self._local.file.seek(offset)
-    return self._local.file.read(count)
+    try:
+      if self._fd is not None:
+        return os.pread(self._fd, count, offset)
+      if not hasattr(self._local, 'file'):
+        self._local.file = tf.io.gfile.GFile(self.name, 'rb')
+      self._local.file.seek(offset)
+      return self._local.file.read(count)
+    except (OSError, tf.errors.OpError) as error:
+      reason = getattr(error, 'strerror', None) or getattr(error, 'message', None) or error
+      raise ValueError(f'{self.name} cannot be read at byte {offset:,} ({reason})') from None
 
 
 class _TokenFile:
