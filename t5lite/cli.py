@@ -6,6 +6,7 @@ OSError by the code that knows what is wrong; Ctrl-C outside training is one lin
 T5LITE_DEBUG=1 shows the full traceback instead.
 """
 
+import _thread
 import argparse
 import errno
 import json
@@ -340,6 +341,7 @@ def main(argv=None) -> int:
   overrides = [a for a in unknown if a.startswith('--config.')]
   stray = [a for a in unknown if not a.startswith('--config.')]
   debug = bool(os.environ.get('T5LITE_DEBUG'))
+  sys.unraisablehook = unraisable_hook
   if not debug:
     quiet_libraries()
   try:
@@ -384,12 +386,25 @@ def one_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def unraisable_hook(unraisable) -> None:
+  """sys.unraisablehook. A Ctrl-C that lands in code Python runs from C, where an exception can
+  only be reported (a gc callback, such as the one JAX registers; a __del__; a weakref callback),
+  would be lost and the command would go on: it is sent to the main thread again. Python's other
+  "Exception ignored" reports (coroutines a failed restore abandoned) are dropped; T5LITE_DEBUG=1
+  shows them all."""
+  if os.environ.get('T5LITE_DEBUG'):
+    sys.__unraisablehook__(unraisable)
+  if issubclass(unraisable.exc_type, KeyboardInterrupt):
+    # From a thread of its own, which runs once this thread lets go of the GIL, out of this hook:
+    # an interrupt_main() here would raise in this hook, and be lost again.
+    _thread.start_new_thread(_thread.interrupt_main, ())
+
+
 def quiet_libraries() -> None:
   """Keeps stderr for t5lite's own lines: orbax's tracebacks of a failed save (the error reaches
-  the command, which says it in one line) and Python's "Exception ignored" reports of coroutines
-  a failed restore abandoned, and the "never awaited" warnings of the writes a failed save
-  abandoned (issued at exit). TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1
-  keeps them all."""
+  the command, which says it in one line) and the "never awaited" warnings of the writes a failed
+  save abandoned (issued at exit). Python's "Exception ignored" reports: `unraisable_hook`.
+  TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1 keeps them all."""
   global _quiet
   if _quiet:  # once per process (tests call main() again and again)
     return
@@ -399,7 +414,6 @@ def quiet_libraries() -> None:
   # absl's own logger reports the caller's file (a plain one would name absl's)
   absl_logging.get_absl_logger().addFilter(lambda record: '/orbax/' not in record.pathname)
   logging.getLogger('asyncio').disabled = True  # orbax's abandoned writes after a failed save
-  sys.unraisablehook = lambda unraisable: None
   warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)
 
 
