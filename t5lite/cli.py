@@ -10,6 +10,7 @@ import _thread
 import argparse
 import errno
 import json
+import operator
 import os
 import sys
 import warnings
@@ -257,13 +258,15 @@ def _infer_flags(infer: argparse.ArgumentParser) -> None:
   infer.add_argument('--out', help='also write {"input": .., "output": ..} lines to this JSONL')
   infer.add_argument('--step', type=int, default=None, help='checkpoint step; default: the latest')
   infer.add_argument('--max_decode_length', type=int, default=None,
-                     help="default: the run's data.targets_length")
+                     help="default: the run's data.targets_length; at most "
+                     f"{AT_MOST['max_decode_length']:,}")
   infer.add_argument('--method', choices=('greedy', 'sample', 'beam'), default='greedy',
                      help='how tokens are chosen')
   infer.add_argument('--temperature', type=float, default=1.0, help='softmax temperature (sample)')
   infer.add_argument('--top_k', type=int, default=0, help='sample from the k most likely; 0: all')
   infer.add_argument('--top_p', type=float, default=1.0, help='sample from the nucleus of mass p')
-  infer.add_argument('--beam_size', type=int, default=4, help='hypotheses kept (beam)')
+  infer.add_argument('--beam_size', type=int, default=4,
+                     help=f'hypotheses kept (beam); at most {AT_MOST["beam_size"]:,}')
   infer.add_argument('--alpha', type=float, default=0.6,
                      help='beam length penalty ((5 + length) / 6)**alpha')
   infer.add_argument('--seed', type=int, default=0, help='sampling seed')
@@ -296,7 +299,8 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
 def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
   tokenizer.add_argument('--input', required=True, nargs='+', help='text files')
   tokenizer.add_argument('--vocab_size', type=int, default=8000,
-                         help='SentencePiece pieces, before the 100 sentinels')
+                         help='SentencePiece pieces, before the 100 sentinels; at most '
+                         f'{AT_MOST["vocab_size"]:,}')
   tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
 
 
@@ -313,9 +317,10 @@ def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
                        help='documents held out, by a stable hash of their text')
   prepare.add_argument('--tfds_data_dir', default='', help='where a tfds: source is prepared')
   prepare.add_argument('--workers', type=int, default=0,
-                       help='tokenizer threads; 0: every core')
+                       help=f'tokenizer threads; 0: every core; at most {AT_MOST["workers"]:,}')
   prepare.add_argument('--num_shards', type=int, default=1,
-                       help='parts the store is prepared in, one per machine or run')
+                       help='parts the store is prepared in, one per machine or run; at most '
+                       f'{AT_MOST["num_shards"]:,} (part names have 5 digits)')
   prepare.add_argument('--shard_index', type=int, default=0, help='the part this run prepares')
 
 
@@ -360,18 +365,26 @@ def main(argv=None) -> int:
 # Flags that count something, and the least each can mean (None, the default, is left alone).
 AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1, 'show': 0,
             'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0, 'num_shards': 1,
-            'shard_index': 0, 'workers': 0}
+            'shard_index': 0, 'workers': 0, 'seed': -(1 << 63)}
+# And the most: past it a count overflows what takes it (JAX's and SentencePiece's C++ ints, a
+# jitted int32, JAX's int64 seed), names a part with more than 5 digits, or asks for more than
+# any run here needs (which XLA or SentencePiece would end in an abort or a hang).
+INT32_MAX = (1 << 31) - 1
+AT_MOST = {'workers': 1024, 'num_shards': 99_999, 'shard_index': 99_998, 'vocab_size': 1 << 20,
+           'max_decode_length': 1 << 16, 'beam_size': 1024, 'top_k': INT32_MAX,
+           'num_processes': INT32_MAX, 'coordinator_timeout': INT32_MAX, 'seed': (1 << 63) - 1}
 
 
 def check_counts(args) -> None:
-  """Refuses counts below their least, and places no file system can hold."""
+  """Refuses counts out of their bounds, and places no file system can hold."""
   for flag in ('workdir', 'out'):
     if getattr(args, flag, None):
       paths.check_name(getattr(args, flag), f'--{flag}')
-  for name, minimum in AT_LEAST.items():
-    value = getattr(args, name, None)
-    if value is not None and value < minimum:
-      raise ValueError(f'--{name}={value} must be at least {minimum}')
+  for bounds, word, outside in ((AT_LEAST, 'least', operator.lt), (AT_MOST, 'most', operator.gt)):
+    for name, bound in bounds.items():
+      value = getattr(args, name, None)
+      if value is not None and outside(value, bound):
+        raise ValueError(f'--{name}={value} must be at {word} {bound}')
   if getattr(args, 'mfu', None) is not None and not 0 < args.mfu <= 1:
     raise ValueError(f'--mfu={args.mfu} must be in (0, 1]')
 

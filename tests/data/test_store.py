@@ -255,6 +255,9 @@ def test_out_that_may_not_be_written_is_refused_before_reading(bundled_store, tm
       ([f'--out={bundled_store}'], 'holds part 0 of 1 already \\(complete\\); --overwrite'),
       ([f'--out={tmp_path}/x', '--num_shards=2'], '--source has 1 input'),
       ([f'--out={tmp_path}/x', '--shard_index=1'], 'must be in \\[0, --num_shards=1\\)'),
+      ([f'--out={tmp_path}/x', '--workers=3000000000'], '--workers=3000000000 must be at most'),
+      ([f'--out={tmp_path}/x', '--num_shards=100000'], '--num_shards=100000 must be at most'),
+      ([f'--out={tmp_path}/x', '--shard_index=99999'], '--shard_index=99999 must be at most'),
       ([f'--out={tmp_path}/x', '--validation_fraction=1'], 'must be in \\[0, 1\\)'),
       ([f'--out={tmp_path}/x', '--vocabulary=/no/such.model'], 'no such file'),
   ]
