@@ -184,16 +184,21 @@ class Parser(argparse.ArgumentParser):
     self.exit(2, f'{self.prog}: error: {message} (see {self.prog} --help)\n')
 
 
+# Defaults --help leaves out, by identity: `0 in (False,)` is true, and a 0 says something.
+UNSET = (None, False, argparse.SUPPRESS)
+
+
 class HelpFormatter(argparse.HelpFormatter):
-  """Shows each flag's default where it has one worth showing (not None or an unset switch), and
-  keeps the paragraphs of a description or epilog apart (argparse would run them together)."""
+  """Shows each flag's default where it has one worth showing (not None or an unset switch; a 0
+  is shown), and keeps the paragraphs of a description or epilog apart (argparse would run them
+  together)."""
 
   def _fill_text(self, text, width, indent):
     fill = super()._fill_text
     return '\n\n'.join(fill(paragraph, width, indent) for paragraph in text.split('\n\n'))
 
   def _get_help_string(self, action):
-    if action.default in (None, False, argparse.SUPPRESS) or action.required:
+    if action.required or any(action.default is unset for unset in UNSET):
       return action.help
     return f'{action.help} (default: {action.default})'
 
