@@ -66,9 +66,17 @@ def eval_command(args, overrides):
   print(json.dumps(metrics))
 
 
+# What `data` does, each asked for by a flag: (its dest, as the refusal names it). Without one, a
+# missing or unreadable source would pass unread, so `data` refuses to run.
+DATA_ACTIONS = (('show', '--show=K'), ('out', '--out=FILE'))
+
+
 @command('data', 'write the first batches exactly as the train step receives them')
 def data_command(args, overrides):
   from t5lite.data import batches
+  if not any(getattr(args, dest) for dest, _ in DATA_ACTIONS):
+    *others, last = (spelled for _, spelled in DATA_ACTIONS)
+    raise ValueError(f'nothing to do: give {", ".join(others)} or {last}')
   config = load_run_config(args, overrides)
   if args.out:
     batches.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)
