@@ -337,18 +337,24 @@ def big_corpus(folder, files: int = 12, per_file: int = 600) -> str:
   return str(folder / '*.jsonl.gz')
 
 
-@pytest.mark.slow  # two prepare processes and a clean one: about 40 s on 2 cores
-def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path, capsys):
-  source = big_corpus(tmp_path / 'text')
-  out = tmp_path / 'store'
-  process = subprocess.Popen([sys.executable, '-m', 't5lite', 'prepare', f'--source={source}',
+def tokenizing(source: str, out, python=('-m', 't5lite')) -> subprocess.Popen:
+  """A process preparing `source` into `out` on one thread, once it is writing tokens."""
+  process = subprocess.Popen([sys.executable, *python, 'prepare', f'--source={source}',
                               f'--out={out}', '--workers=1'], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   staging = out / '.part-00000-of-00001.train.tmp'
   deadline = time.monotonic() + 120
   while not (staging.exists() and staging.stat().st_size) and time.monotonic() < deadline:
     assert process.poll() is None, process.communicate()
     time.sleep(0.01)
+  return process
+
+
+@pytest.mark.slow  # two prepare processes and a clean one: about 40 s on 2 cores
+def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path, capsys):
+  source = big_corpus(tmp_path / 'text')
+  out = tmp_path / 'store'
+  process = tokenizing(source, out)
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not list(out.glob('*.json'))  # no part: a reader sees no store
@@ -367,23 +373,16 @@ IN_GC = ('import gc, runpy; gc.callbacks.append(lambda phase, info: None); '
          "runpy.run_module('t5lite', run_name='__main__', alter_sys=True)")
 
 
-@pytest.mark.parametrize('launch', [['-m', 't5lite'], ['-c', IN_GC]], ids=['plain', 'gc_callback'])
-def test_ctrl_c_stops_prepare_at_once_in_one_line_and_leaves_no_part(tmp_path, launch):
+@pytest.mark.parametrize('python', [['-m', 't5lite'], ['-c', IN_GC]], ids=['plain', 'gc_callback'])
+def test_ctrl_c_stops_prepare_at_once_in_one_line_and_leaves_no_part(tmp_path, python):
   """Thousands of documents per SentencePiece call: the lists of their ids run the garbage
   collector, and its callbacks, right after the call a Ctrl-C most likely lands in. Python only
   reports an exception raised in a gc callback, so the Ctrl-C was lost there and prepare went on
   to finish, exit 0 (with JAX's callback, before prepare stopped loading JAX)."""
   source = big_corpus(tmp_path / 'text', files=6, per_file=1500)
   out = tmp_path / 'store'
-  process = subprocess.Popen([sys.executable, *launch, 'prepare', f'--source={source}',
-                              f'--out={out}', '--workers=1'], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  process = tokenizing(source, out, python)
   try:
-    staging = out / '.part-00000-of-00001.train.tmp'
-    deadline = time.monotonic() + 120
-    while not (staging.exists() and staging.stat().st_size) and time.monotonic() < deadline:
-      assert process.poll() is None, process.communicate()
-      time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=10)
   finally:
