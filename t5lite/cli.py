@@ -6,9 +6,11 @@ OSError by the code that knows what is wrong; Ctrl-C outside training is one lin
 T5LITE_DEBUG=1 shows the full traceback instead.
 """
 
+import _thread
 import argparse
 import errno
 import json
+import operator
 import os
 import sys
 import warnings
@@ -64,9 +66,17 @@ def eval_command(args, overrides):
   print(json.dumps(metrics))
 
 
+# What `data` does, each asked for by a flag: (its dest, as the refusal names it). Without one, a
+# missing or unreadable source would pass unread, so `data` refuses to run.
+DATA_ACTIONS = (('show', '--show=K'), ('out', '--out=FILE'), ('verify', '--verify=STORE'))
+
+
 @command('data', 'write the first batches exactly as the train step receives them, or verify '
          'a token store')
 def data_command(args, overrides):
+  if not any(getattr(args, dest) for dest, _ in DATA_ACTIONS):
+    *others, last = (spelled for _, spelled in DATA_ACTIONS)
+    raise ValueError(f'nothing to do: give {", ".join(others)} or {last}')
   if args.verify:
     from t5lite.data import store
     if overrides or args.config or args.out or args.show:
@@ -192,16 +202,21 @@ class Parser(argparse.ArgumentParser):
     self.exit(2, f'{self.prog}: error: {message} (see {self.prog} --help)\n')
 
 
+# Defaults --help leaves out, by identity: `0 in (False,)` is true, and a 0 says something.
+UNSET = (None, False, argparse.SUPPRESS)
+
+
 class HelpFormatter(argparse.HelpFormatter):
-  """Shows each flag's default where it has one worth showing (not None or an unset switch), and
-  keeps the paragraphs of a description or epilog apart (argparse would run them together)."""
+  """Shows each flag's default where it has one worth showing (not None or an unset switch; a 0
+  is shown), and keeps the paragraphs of a description or epilog apart (argparse would run them
+  together)."""
 
   def _fill_text(self, text, width, indent):
     fill = super()._fill_text
     return '\n\n'.join(fill(paragraph, width, indent) for paragraph in text.split('\n\n'))
 
   def _get_help_string(self, action):
-    if action.default in (None, False, argparse.SUPPRESS) or action.required:
+    if action.required or any(action.default is unset for unset in UNSET):
       return action.help
     return f'{action.help} (default: {action.default})'
 
@@ -269,13 +284,15 @@ def _infer_flags(infer: argparse.ArgumentParser) -> None:
   infer.add_argument('--out', help='also write {"input": .., "output": ..} lines to this JSONL')
   infer.add_argument('--step', type=int, default=None, help='checkpoint step; default: the latest')
   infer.add_argument('--max_decode_length', type=int, default=None,
-                     help="default: the run's data.targets_length")
+                     help="default: the run's data.targets_length; at most "
+                     f"{AT_MOST['max_decode_length']:,}")
   infer.add_argument('--method', choices=('greedy', 'sample', 'beam'), default='greedy',
                      help='how tokens are chosen')
   infer.add_argument('--temperature', type=float, default=1.0, help='softmax temperature (sample)')
   infer.add_argument('--top_k', type=int, default=0, help='sample from the k most likely; 0: all')
   infer.add_argument('--top_p', type=float, default=1.0, help='sample from the nucleus of mass p')
-  infer.add_argument('--beam_size', type=int, default=4, help='hypotheses kept (beam)')
+  infer.add_argument('--beam_size', type=int, default=4,
+                     help=f'hypotheses kept (beam); at most {AT_MOST["beam_size"]:,}')
   infer.add_argument('--alpha', type=float, default=0.6,
                      help='beam length penalty ((5 + length) / 6)**alpha')
   infer.add_argument('--seed', type=int, default=0, help='sampling seed')
@@ -308,7 +325,8 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
 def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
   tokenizer.add_argument('--input', required=True, nargs='+', help='text files')
   tokenizer.add_argument('--vocab_size', type=int, default=8000,
-                         help='SentencePiece pieces, before the 100 sentinels')
+                         help='SentencePiece pieces, before the 100 sentinels; at most '
+                         f'{AT_MOST["vocab_size"]:,}')
   tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
 
 
@@ -325,9 +343,10 @@ def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
                        help='documents held out, by a stable hash of their text')
   prepare.add_argument('--tfds_data_dir', default='', help='where a tfds: source is prepared')
   prepare.add_argument('--workers', type=int, default=0,
-                       help='tokenizer threads; 0: every core')
+                       help=f'tokenizer threads; 0: every core; at most {AT_MOST["workers"]:,}')
   prepare.add_argument('--num_shards', type=int, default=1,
-                       help='parts the store is prepared in, one per machine or run')
+                       help='parts the store is prepared in, one per machine or run; at most '
+                       f'{AT_MOST["num_shards"]:,} (part names have 5 digits)')
   prepare.add_argument('--shard_index', type=int, default=0, help='the part this run prepares')
   prepare.add_argument('--max_bad_fraction', type=float, default=0.01,
                        help="the most of a file's lines (paragraphs, rows) that may be malformed "
@@ -357,6 +376,7 @@ def main(argv=None) -> int:
   overrides = [a for a in unknown if a.startswith('--config.')]
   stray = [a for a in unknown if not a.startswith('--config.')]
   debug = bool(os.environ.get('T5LITE_DEBUG'))
+  sys.unraisablehook = unraisable_hook
   if not debug:
     quiet_libraries()
   try:
@@ -375,18 +395,26 @@ def main(argv=None) -> int:
 # Flags that count something, and the least each can mean (None, the default, is left alone).
 AT_LEAST = {'num_batches': 1, 'max_decode_length': 1, 'step': 0, 'vocab_size': 1, 'show': 0,
             'coordinator_timeout': 1, 'num_processes': 1, 'process_id': 0, 'num_shards': 1,
-            'shard_index': 0, 'workers': 0}
+            'shard_index': 0, 'workers': 0, 'seed': -(1 << 63)}
+# And the most: past it a count overflows what takes it (JAX's and SentencePiece's C++ ints, a
+# jitted int32, JAX's int64 seed), names a part with more than 5 digits, or asks for more than
+# any run here needs (which XLA or SentencePiece would end in an abort or a hang).
+INT32_MAX = (1 << 31) - 1
+AT_MOST = {'workers': 1024, 'num_shards': 99_999, 'shard_index': 99_998, 'vocab_size': 1 << 20,
+           'max_decode_length': 1 << 16, 'beam_size': 1024, 'top_k': INT32_MAX,
+           'num_processes': INT32_MAX, 'coordinator_timeout': INT32_MAX, 'seed': (1 << 63) - 1}
 
 
 def check_counts(args) -> None:
-  """Refuses counts below their least, and places no file system can hold."""
+  """Refuses counts out of their bounds, and places no file system can hold."""
   for flag in ('workdir', 'out'):
     if getattr(args, flag, None):
       paths.check_name(getattr(args, flag), f'--{flag}')
-  for name, minimum in AT_LEAST.items():
-    value = getattr(args, name, None)
-    if value is not None and value < minimum:
-      raise ValueError(f'--{name}={value} must be at least {minimum}')
+  for bounds, word, outside in ((AT_LEAST, 'least', operator.lt), (AT_MOST, 'most', operator.gt)):
+    for name, bound in bounds.items():
+      value = getattr(args, name, None)
+      if value is not None and outside(value, bound):
+        raise ValueError(f'--{name}={value} must be at {word} {bound}')
   if getattr(args, 'mfu', None) is not None and not 0 < args.mfu <= 1:
     raise ValueError(f'--mfu={args.mfu} must be in (0, 1]')
 
@@ -401,12 +429,25 @@ def one_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def unraisable_hook(unraisable) -> None:
+  """sys.unraisablehook. A Ctrl-C that lands in code Python runs from C, where an exception can
+  only be reported (a gc callback, such as the one JAX registers; a __del__; a weakref callback),
+  would be lost and the command would go on: it is sent to the main thread again. Python's other
+  "Exception ignored" reports (coroutines a failed restore abandoned) are dropped; T5LITE_DEBUG=1
+  shows them all."""
+  if os.environ.get('T5LITE_DEBUG'):
+    sys.__unraisablehook__(unraisable)
+  if issubclass(unraisable.exc_type, KeyboardInterrupt):
+    # From a thread of its own, which runs once this thread lets go of the GIL, out of this hook:
+    # an interrupt_main() here would raise in this hook, and be lost again.
+    _thread.start_new_thread(_thread.interrupt_main, ())
+
+
 def quiet_libraries() -> None:
   """Keeps stderr for t5lite's own lines: orbax's tracebacks of a failed save (the error reaches
-  the command, which says it in one line) and Python's "Exception ignored" reports of coroutines
-  a failed restore abandoned, and the "never awaited" warnings of the writes a failed save
-  abandoned (issued at exit). TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1
-  keeps them all."""
+  the command, which says it in one line) and the "never awaited" warnings of the writes a failed
+  save abandoned (issued at exit). Python's "Exception ignored" reports: `unraisable_hook`.
+  TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1 keeps them all."""
   global _quiet
   if _quiet:  # once per process (tests call main() again and again)
     return
@@ -416,7 +457,6 @@ def quiet_libraries() -> None:
   # absl's own logger reports the caller's file (a plain one would name absl's)
   absl_logging.get_absl_logger().addFilter(lambda record: '/orbax/' not in record.pathname)
   logging.getLogger('asyncio').disabled = True  # orbax's abandoned writes after a failed save
-  sys.unraisablehook = lambda unraisable: None
   warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)
 
 

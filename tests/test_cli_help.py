@@ -23,7 +23,7 @@ def test_every_flag_has_a_help_line_and_the_epilog_names_overrides_and_debug(com
   text = ' '.join(sub.format_help().split())
   assert '--config.a.b=value' in text and 'T5LITE_DEBUG=1' in text
   for action in flags:
-    if action.default not in (None, False) and not action.required:
+    if not (action.required or any(action.default is unset for unset in cli.UNSET)):
       assert f'(default: {action.default})' in text, (command, action.option_strings)
 
 
@@ -47,6 +47,10 @@ def test_defaults_are_shown_where_they_say_something():
   assert 'beam length penalty ((5 + length) / 6)**alpha (default: 0.6)' in text
   assert '(default: None)' not in text and '(default: False)' not in text
   assert '--workdir WORKDIR a run\'s workdir' in text
+  assert 'sample from the k most likely; 0: all (default: 0)' in text  # 0 == False, but it says
+  text = ' '.join(subparsers()['prepare'].format_help().split())
+  assert '0: every core; at most 1,024 (default: 0)' in text
+  assert '--shard_index SHARD_INDEX the part this run prepares (default: 0)' in text
 
 
 def test_a_missing_flag_is_one_line_and_status_2(capsys):

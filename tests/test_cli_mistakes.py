@@ -212,6 +212,10 @@ class Setup:
             '--config.data.inputs_length=32', '--config.data.targets_length=8',
             f'--config.data.source={self.world.text}', *flags]
 
+  def infer(self, *flags: str) -> list[str]:
+    """`t5lite infer` of the run's copy on one input, `flags` last."""
+    return ['infer', f'--workdir={self.run}', '--input=the sea', *flags]
+
   def finetune(self, workdir: str, *flags: str) -> list[str]:
     return ['finetune', f'--workdir={workdir}', *TINY_FINETUNE, *flags]
 
@@ -307,6 +311,9 @@ def mistakes() -> list[Case]:
            lambda s: s.train_new('--config.data.task=sentiment'), 'data.task', 'new'),
       Case('train-vocab-size-smaller-than-vocabulary',
            lambda s: s.train_new('--config.model.vocab_size=4096'), 'model.vocab_size', 'new'),
+      Case('train-num-processes-huge',  # JAX's C++ int
+           lambda s: s.train_new('--coordinator_address=localhost:1', '--process_id=0',
+                                 '--num_processes=3000000000'), '--num_processes', 'new'),
       # train: what the run reads.
       Case('train-source-missing',
            lambda s: s.train_new(f'--config.data.source={s.path("corpus.txt")}'),
@@ -472,6 +479,11 @@ def mistakes() -> list[Case]:
            lambda s: s.data('--num_batches=-1', f'--out={s.path("batches.npz")}'), 'num_batches',
            'case'),
       Case('data-show-negative', lambda s: s.data('--show=-2'), '--show', 'case'),
+      # nothing to do: it read no source, so a missing one passed (exit 0)
+      Case('data-nothing-to-do', lambda s: s.data(), '--show=K or --out=FILE', 'case'),
+      Case('data-show-zero-of-a-missing-source',
+           lambda s: s.data('--show=0', f'--config.data.source={s.path("corpus.txt")}'),
+           '--show=K or --out=FILE', 'case'),
       Case('data-out-is-a-folder',
            lambda s: s.data('--num_batches=1',
                             f'--out={s.folder_with("batches", {"notes.txt": "mine"})}'),
@@ -522,11 +534,9 @@ def mistakes() -> list[Case]:
            '--config.model.attention=xla', 'new'),
       # infer
       Case('infer-max-decode-length-zero',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--max_decode_length=0'],
-           'max_decode_length', 'run'),
+           lambda s: s.infer('--max_decode_length=0'), 'max_decode_length', 'run'),
       Case('infer-max-decode-length-negative',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--max_decode_length=-4'],
-           'max_decode_length', 'run'),
+           lambda s: s.infer('--max_decode_length=-4'), 'max_decode_length', 'run'),
       Case('infer-nothing-to-decode', lambda s: ['infer', f'--workdir={s.run}'], '--input', 'run'),
       Case('infer-input-empty', lambda s: ['infer', f'--workdir={s.run}', '--input='], '--input',
            'run'),
@@ -541,8 +551,7 @@ def mistakes() -> list[Case]:
            lambda s: ['infer', f'--workdir={s.run}', f'--input_file={s.folder_with("prompts")}'],
            lambda s: s.path('prompts'), 'run'),
       Case('infer-step-negative',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--step=-1'],
-           ('--step=-1', 'step -1'), 'run'),
+           lambda s: s.infer('--step=-1'), ('--step=-1', 'step -1'), 'run'),
       Case('infer-not-a-workdir',
            lambda s: ['infer', f'--workdir={s.folder_with("runs")}', '--input=the sea'],
            lambda s: s.path('runs'), 'case'),
@@ -550,28 +559,30 @@ def mistakes() -> list[Case]:
            lambda s: ['infer', f'--workdir={s.damaged_run()}', '--input=the sea'],
            lambda s: f'{s.run}/checkpoints/2', 'run'),
       Case('infer-step-missing',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--step=9'],
-           ('--step=9', 'step 9'), 'run'),
+           lambda s: s.infer('--step=9'), ('--step=9', 'step 9'), 'run'),
       Case('infer-out-is-the-workdir',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', f'--out={s.run}'],
-           lambda s: s.run, 'run'),
+           lambda s: s.infer(f'--out={s.run}'), lambda s: s.run, 'run'),
       Case('infer-out-inside-the-workdir',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea',
-                      f'--out={s.run}/decoded.jsonl'],
+           lambda s: s.infer(f'--out={s.run}/decoded.jsonl'),
            lambda s: f'{s.run}/decoded.jsonl', 'run'),
       Case('infer-out-is-a-folder',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea',
-                      f'--out={s.folder_with("decoded", {"notes.txt": "mine"})}'],
+           lambda s: s.infer(f'--out={s.folder_with("decoded", {"notes.txt": "mine"})}'),
            lambda s: s.path('decoded'), 'case'),
       Case('infer-temperature-zero',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--method=sample',
-                      '--temperature=0'], 'temperature', 'run'),
+           lambda s: s.infer('--method=sample', '--temperature=0'), 'temperature', 'run'),
       Case('infer-beam-size-zero',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--method=beam',
-                      '--beam_size=0'], 'beam_size', 'run'),
+           lambda s: s.infer('--method=beam', '--beam_size=0'), 'beam_size', 'run'),
+      # counts past what takes them: a jitted int32, JAX's int64 seed, an XLA shape that overflows
+      Case('infer-max-decode-length-huge',
+           lambda s: s.infer('--max_decode_length=3000000000'), '--max_decode_length', 'run'),
+      Case('infer-beam-size-huge',
+           lambda s: s.infer('--method=beam', '--beam_size=3000000000'), '--beam_size', 'run'),
+      Case('infer-top-k-huge',
+           lambda s: s.infer('--method=sample', '--top_k=3000000000'), '--top_k', 'run'),
+      Case('infer-seed-huge',
+           lambda s: s.infer('--method=sample', f'--seed={10**20}'), '--seed', 'run'),
       Case('infer-unknown-method',
-           lambda s: ['infer', f'--workdir={s.run}', '--input=the sea', '--method=topk'],
-           '--method', 'run'),
+           lambda s: s.infer('--method=topk'), '--method', 'run'),
       # import-hf
       Case('import-hf-truncated-safetensors',
            lambda s: ['import-hf', f'--hf={s.truncated_hf()}', f'--workdir={s.new}'],
@@ -692,6 +703,9 @@ def mistakes() -> list[Case]:
       Case('tokenizer-vocab-size-zero',
            lambda s: ['tokenizer', f'--input={s.world.text}', '--vocab_size=0', f'--out={s.new}'],
            'vocab_size', 'new'),
+      Case('tokenizer-vocab-size-huge',  # SentencePiece's int
+           lambda s: ['tokenizer', f'--input={s.world.text}', '--vocab_size=3000000000',
+                      f'--out={s.new}'], '--vocab_size', 'new'),
       Case('tokenizer-vocab-size-too-large-for-the-input',
            lambda s: ['tokenizer', f'--input={s.world.text}', '--vocab_size=50000',
                       f'--out={s.new}'], 'vocab_size', 'new'),

@@ -1,6 +1,6 @@
 """Training, evaluation, `plan`, the models and the Hugging Face export load without TensorFlow,
-which only the input pipeline runs, and TensorFlow loads without Keras; the token ids they share
-live in one TF-free module."""
+which only the input pipeline runs, and TensorFlow loads without Keras or JAX (`prepare` loads no
+JAX at all); the token ids they share live in one TF-free module."""
 
 import subprocess
 import sys
@@ -24,6 +24,14 @@ def test_tensorflow_is_imported_without_keras_which_still_imports_after():
           "import keras; print(keras.__name__)")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.splitlines() == ['3 []', 'keras']
+
+
+def test_prepare_loads_no_jax_which_still_imports_after():
+  code = ("import sys, t5lite.commands.prepare; "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib'))); "
+          "import jax; print(int(jax.numpy.arange(3).sum()))")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.splitlines() == ['[]', '3']
 
 
 def test_a_keras_imported_before_tensorflow_is_left_as_it_is():

@@ -28,6 +28,7 @@ one forgotten). So a component is never replayed nor skipped by a change of weig
 """
 
 import math
+import sys
 
 import ml_collections
 import numpy as np
@@ -60,8 +61,9 @@ def check_components(components: ml_collections.ConfigDict) -> None:
       raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
                        f'{", ".join(COMPONENT_SETTINGS)}')
     weight = component.get('weight')
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-      raise ValueError(f'{where}.weight={weight!r} must be a positive number')
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
+        0 < weight <= sys.float_info.max):  # not inf, nor nan, nor an int past every float
+      raise ValueError(f'{where}.weight={weight!r} must be a positive finite number')
     for setting, what in (('source', 'a source or a token store'), ('objective', 'an objective')):
       if setting in component and not (isinstance(component[setting], str)
                                        and component[setting]):
@@ -90,7 +92,11 @@ def rows_per_cycle(weights: dict[str, float]) -> dict[str, int]:
   """Weights -> integer rows per cycle by largest remainder, the cycle the shortest power of two
   from FIRST_CYCLE that gives every component a row: {'a': 1, 'b': 2} -> {'a': 341, 'b': 683}."""
   names = sorted(weights)
-  shares = np.array([weights[n] for n in names], np.float64) / sum(weights.values())
+  # Scaled by a power of two, which is exact, so that their sum is finite (two weights of 1e308)
+  # and the shares are those of the weights as given, bit for bit.
+  exponent = math.frexp(max(weights.values()))[1]
+  scaled = {n: math.ldexp(weight, -exponent) for n, weight in weights.items()}
+  shares = np.array([scaled[n] for n in names], np.float64) / sum(scaled.values())
   cycle = FIRST_CYCLE
   while cycle * shares.min() < 1:
     cycle *= 2

@@ -77,6 +77,9 @@ def test_rows_per_cycle_by_largest_remainder():
   assert sum(tiny.values()) == 4096 and tiny == dict(a=1, b=4095)
   with pytest.raises(ValueError, match=r'^data.mixture.a.weight is below 1/1,048,576'):
     mixture.rows_per_cycle(dict(a=1, b=2e6))
+  # weights whose sum is past the largest float, or below the smallest normal one
+  assert mixture.rows_per_cycle(dict(a=1.7e308, b=0.85e308)) == dict(a=683, b=341)
+  assert mixture.rows_per_cycle(dict(a=5e-324, b=1e-323)) == dict(a=341, b=683)
 
 
 def test_the_pipelines_lookup_equals_a_replay_of_the_schedule():
@@ -190,11 +193,33 @@ def test_data_out_writes_component_counts_by_weight(texts, tmp_path, capsys):
   assert np.bincount(component.ravel()).tolist() == [8, 24]
 
 
+def test_weights_of_1e308_mix_as_weights_of_1(texts, tmp_path, capsys):
+  """Their sum is past the largest float: they were refused as 'below 1/1,048,576 of the
+  total'."""
+  written = []
+  for weight in (1, 1e308):
+    written.append(tmp_path / f'{weight}.npz')
+    status, _, err = data_command(
+        capsys, *(f'--config.data.mixture.{name}.{setting}={value}' for name in ('books', 'web')
+                  for setting, value in (('source', texts[name]), ('weight', weight))),
+        '--num_batches=2', f'--out={written[-1]}')
+    assert status == 0 and not err, err
+  with np.load(written[0]) as ones, np.load(written[1]) as huge:
+    assert ones.files == huge.files and np.bincount(ones['component'].ravel()).tolist() == [8, 8]
+    for name in ones.files:
+      np.testing.assert_array_equal(ones[name], huge[name], err_msg=name)
+
+
 @pytest.mark.parametrize('flags, message', [
     (['--config.data.mixture.web.weight=0'], 'config.data.mixture.web.weight=0.0 must be a '
-                                             'positive number'),
+                                             'positive finite number'),
     (['--config.data.mixture.web.weight=-1'], 'config.data.mixture.web.weight=-1.0 must be a '
-                                              'positive number'),
+                                              'positive finite number'),
+    # inf was 7 lines of numpy warnings, then "negative dimensions are not allowed"
+    (['--config.data.mixture.web.weight=inf', '--config.data.mixture.books.weight=1'],
+     'config.data.mixture.web.weight=inf must be a positive finite number'),
+    (['--config.data.mixture.web.weight=nan'], 'config.data.mixture.web.weight=nan must be a '
+                                               'positive finite number'),
     (['--config.data.mixture.web.colour=red'], 'unknown setting config.data.mixture.web.colour'),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.source='],
      "config.data.mixture.web.source must name a source or a token store, or be left out"),

@@ -280,6 +280,9 @@ def test_out_that_may_not_be_written_is_refused_before_reading(bundled_store, tm
       ([f'--out={bundled_store}'], 'holds part 0 of 1 already \\(complete\\); --overwrite'),
       ([f'--out={tmp_path}/x', '--num_shards=2'], '--source has 1 input'),
       ([f'--out={tmp_path}/x', '--shard_index=1'], 'must be in \\[0, --num_shards=1\\)'),
+      ([f'--out={tmp_path}/x', '--workers=3000000000'], '--workers=3000000000 must be at most'),
+      ([f'--out={tmp_path}/x', '--num_shards=100000'], '--num_shards=100000 must be at most'),
+      ([f'--out={tmp_path}/x', '--shard_index=99999'], '--shard_index=99999 must be at most'),
       ([f'--out={tmp_path}/x', '--validation_fraction=1'], 'must be in \\[0, 1\\)'),
       ([f'--out={tmp_path}/x', '--vocabulary=/no/such.model'],
        "--vocabulary: no such file '/no/such.model'"),
@@ -351,32 +354,34 @@ def test_a_run_with_another_vocabulary_is_refused_before_anything_is_written(
   assert not (tmp_path / 'run').exists()
 
 
-def big_corpus(folder, files: int = 12) -> str:
-  """A few MB of JSONL in `files` files: prepare takes some seconds on 2 cores."""
+def big_corpus(folder, files: int = 12, per_file: int = 600) -> str:
+  """A few MB of JSONL in `files` files of `per_file` documents: prepare takes some seconds on 2
+  cores."""
   folder.mkdir()
-  texts = documents(600, seed=5)
+  texts = documents(per_file, seed=5)
   for i in range(files):
     with gzip.open(folder / f'{i:02d}.jsonl.gz', 'wt') as f:
       f.writelines(json.dumps({'text': t * 3}) + '\n' for t in texts)
   return str(folder / '*.jsonl.gz')
 
 
-def wait_for_tokens(process: subprocess.Popen, out) -> None:
-  """Returns once `process`, a prepare of part 0 of 1 into `out`, has written tokens."""
+def tokenizing(source: str, out, python=('-m', 't5lite')) -> subprocess.Popen:
+  """A process preparing `source` into `out` on one thread, once it is writing tokens."""
+  process = subprocess.Popen([sys.executable, *python, 'prepare', f'--source={source}',
+                              f'--out={out}', '--workers=1'], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 120
   while not any(f.stat().st_size for f in out.glob('.part-00000-of-00001.train.*.tmp')):
     assert process.poll() is None and time.monotonic() < deadline, process.communicate()
     time.sleep(0.01)
+  return process
 
 
 @pytest.mark.slow  # two prepare processes and a clean one: about 40 s on 2 cores
 def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path, capsys):
   source = big_corpus(tmp_path / 'text')
   out = tmp_path / 'store'
-  process = subprocess.Popen([sys.executable, '-m', 't5lite', 'prepare', f'--source={source}',
-                              f'--out={out}', '--workers=1'], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  wait_for_tokens(process, out)
+  process = tokenizing(source, out)
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not list(out.glob('*.json'))  # no part: a reader sees no store
@@ -392,6 +397,29 @@ def test_a_killed_prepare_leaves_no_part_and_a_rerun_prepares_it_whole(tmp_path,
   assert prepare(capsys, f'--source={source}', f'--out={tmp_path / "clean"}')[0] == 0
   for name in os.listdir(out):
     assert (out / name).read_bytes() == (tmp_path / 'clean' / name).read_bytes(), name
+
+
+# `python -m t5lite`, with a gc callback as JAX registers one (prepare loads no JAX)
+IN_GC = ('import gc, runpy; gc.callbacks.append(lambda phase, info: None); '
+         "runpy.run_module('t5lite', run_name='__main__', alter_sys=True)")
+
+
+@pytest.mark.parametrize('python', [['-m', 't5lite'], ['-c', IN_GC]], ids=['plain', 'gc_callback'])
+def test_ctrl_c_stops_prepare_at_once_in_one_line_and_leaves_no_part(tmp_path, python):
+  """Thousands of documents per SentencePiece call: the lists of their ids run the garbage
+  collector, and its callbacks, right after the call a Ctrl-C most likely lands in. Python only
+  reports an exception raised in a gc callback, so the Ctrl-C was lost there and prepare went on
+  to finish, exit 0 (with JAX's callback, before prepare stopped loading JAX)."""
+  source = big_corpus(tmp_path / 'text', files=6, per_file=1500)
+  out = tmp_path / 'store'
+  process = tokenizing(source, out, python)
+  try:
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=10)
+  finally:
+    process.kill()
+  assert process.returncode == 130 and err == 't5lite prepare: error: interrupted (Ctrl-C)\n', err
+  assert not list(out.glob('part-*.json'))
 
 
 @pytest.mark.slow  # two training processes and one run here: about a minute on 2 cores

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from etils import epath
 
 from t5lite import cli
 from t5lite.data import store
-from tests.data.test_store import ROOT, big_corpus, documents, prepare, wait_for_tokens
+from tests.data.test_store import ROOT, big_corpus, documents, prepare, tokenizing
 from tests.fs import changes, snapshot
 from tests.train.test_loop import train
 
@@ -99,8 +100,7 @@ def test_an_overwrite_replaces_the_part_whole(small, tmp_path, capsys):
 def test_a_second_prepare_of_a_part_in_progress_is_refused_in_one_line(tmp_path, capsys):
   source = big_corpus(tmp_path / 'text')
   out = tmp_path / 'store'
-  first = launch_prepare(source, out, '--workers=1')
-  wait_for_tokens(first, out)
+  first = tokenizing(source, out)
   before = snapshot(out)
   status, printed, err = prepare(capsys, f'--source={source}', f'--out={out}', '--overwrite')
   assert (status, printed) == (2, '')
@@ -146,6 +146,8 @@ gpath._GPath.replace = replace_or_die
 def read_whole(out) -> int | None:
   """The tokens of the store at `out`, each block verified; None where a reader sees no store
   (it refuses it in one line)."""
+  if not os.path.isdir(out):  # not made yet, or removed again by the run that made it
+    return None
   try:
     return store.Store(str(out)).verify()
   except ValueError as error:
@@ -407,3 +409,28 @@ def test_data_verify_reads_the_whole_store(small, tmp_path, capsys):
       f't5lite data: error: {out}/{PART}.train: token 0 is id 9000, past the vocabulary\'s 8,100 '
       f'ids: the store is damaged; prepare part 0 of 1 again (--overwrite --shard_index=0 '
       f'--num_shards=1), and check the rest with `t5lite data --verify={out}`\n')
+
+
+@pytest.mark.slow  # seven prepare processes of some seconds each: about 70 s on 2 cores
+def test_prepare_killed_or_interrupted_at_random_moments_never_shows_half_a_part(tmp_path,
+                                                                                 capsys):
+  """Runs of one part with --overwrite, each stopped by SIGKILL or SIGINT at a random moment of
+  its run: after each, a reader sees no part (none was published yet) or the whole one; the run
+  after them all prepares exactly what a clean run does."""
+  source = big_corpus(tmp_path / 'text', files=8)
+  clean = tmp_path / 'clean'
+  start = time.monotonic()
+  assert launch_prepare(source, clean, '--workers=1').wait(timeout=300) == 0
+  seconds = time.monotonic() - start
+  whole = read_whole(clean)
+  out = tmp_path / 'store'
+  rng = np.random.default_rng(0)
+  for kill in (signal.SIGKILL, signal.SIGINT) * 3:
+    process = launch_prepare(source, out, '--workers=1', '--overwrite')
+    time.sleep(rng.uniform(0.2, 1.0) * seconds)
+    process.send_signal(kill)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode in (0, -signal.SIGKILL, 130), err
+    assert read_whole(out) in (None, whole)
+  assert launch_prepare(source, out, '--workers=1', '--overwrite').wait(timeout=300) == 0
+  assert same_files(out, clean)
