@@ -480,10 +480,10 @@ def mistakes() -> list[Case]:
            'case'),
       Case('data-show-negative', lambda s: s.data('--show=-2'), '--show', 'case'),
       # nothing to do: it read no source, so a missing one passed (exit 0)
-      Case('data-nothing-to-do', lambda s: s.data(), '--show=K or --out=FILE', 'case'),
+      Case('data-nothing-to-do', lambda s: s.data(), '--show=K, --out=FILE or --verify=STORE', 'case'),
       Case('data-show-zero-of-a-missing-source',
            lambda s: s.data('--show=0', f'--config.data.source={s.path("corpus.txt")}'),
-           '--show=K or --out=FILE', 'case'),
+           '--show=K, --out=FILE or --verify=STORE', 'case'),
       Case('data-out-is-a-folder',
            lambda s: s.data('--num_batches=1',
                             f'--out={s.folder_with("batches", {"notes.txt": "mine"})}'),

@@ -364,7 +364,7 @@ def test_a_resumed_run_that_meets_a_damaged_store_stops_in_one_line_and_writes_n
     assert status == 2 and len(err.splitlines()) == 1, err
     assert re.search(f'{out}/{PART}.json: dtype is "<f2"' if damage == 'dtype' else
                      f'{out}/{PART}.train: the bytes [0-9,]+ to [0-9,]+ do not match their '
-                     'checksum: the store is damaged', err), err
+                     f'checksum in {PART}.train.crc32c: the store is damaged', err), err
     assert snapshot(workdir) == before, changes(before, snapshot(workdir))
 
 
