@@ -53,6 +53,13 @@ def test_defaults_are_shown_where_they_say_something():
   assert '--shard_index SHARD_INDEX the part this run prepares (default: 0)' in text
 
 
+def test_prepare_s_default_share_of_malformed_lines_is_the_sources_own():
+  """The parser names it without importing sources (which loads TensorFlow)."""
+  from t5lite.data import sources  # pylint: disable=import-outside-toplevel
+  default = subparsers()['prepare'].get_default('max_bad_fraction')
+  assert default == sources.MAX_BAD_FRACTION == 0.01
+
+
 def test_a_missing_flag_is_one_line_and_status_2(capsys):
   with pytest.raises(SystemExit) as stop:
     cli.main(['export', '--workdir=somewhere'])

@@ -31,7 +31,7 @@ import queue
 import re
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import google_crc32c
 import numpy as np
@@ -216,28 +216,21 @@ def _remote_pool() -> concurrent.futures.ThreadPoolExecutor:
   return concurrent.futures.ThreadPoolExecutor(_REMOTE_READERS)
 
 
-class _Ranges:
-  """A file read by ranges: locally with pread, so that what was read stays in the OS's page
-  cache and never in this process's memory (a memory map would count every page it touched, and
-  the pages around it, as the process's); on Cloud Storage by ranged reads, an open file per
-  thread."""
+def _ranges(name: str, remote: bool) -> Callable[[int, int], bytes]:
+  """read(count, offset) of the file `name`: locally pread, so that what was read stays in the
+  OS's page cache and never in this process's memory (a memory map would count every page it
+  touched, and the pages around it, as the process's); on Cloud Storage a ranged read, an open
+  file per thread."""
+  if not remote:
+    return functools.partial(os.pread, os.open(name, os.O_RDONLY))
+  local = threading.local()
 
-  def __init__(self, name: str, remote: bool):
-    self.name = name
-    self._local = threading.local()
-    self._fd = None if remote else os.open(name, os.O_RDONLY)
-
-  def read(self, offset: int, count: int) -> bytes:
-    try:
-      if self._fd is not None:
-        return os.pread(self._fd, count, offset)
-      if not hasattr(self._local, 'file'):
-        self._local.file = tf.io.gfile.GFile(self.name, 'rb')
-      self._local.file.seek(offset)
-      return self._local.file.read(count)
-    except (OSError, tf.errors.OpError) as error:
-      reason = getattr(error, 'strerror', None) or getattr(error, 'message', None) or error
-      raise ValueError(f'{self.name} cannot be read at byte {offset:,} ({reason})') from None
+  def read(count: int, offset: int) -> bytes:
+    if not hasattr(local, 'file'):
+      local.file = tf.io.gfile.GFile(name, 'rb')
+    local.file.seek(offset)
+    return local.file.read(count)
+  return read
 
 
 class _TokenFile:
@@ -247,30 +240,42 @@ class _TokenFile:
   (bench/corpus_store.py), not a pass over the store before the run."""
 
   def __init__(self, name: str, dtype: np.dtype, size: int, remote: bool, damaged: str):
-    self._dtype, self._size, self._damaged = dtype, size, damaged
-    self._tokens = _Ranges(name, remote)
-    self._checksums = _Ranges(name + CHECKSUMS, remote)
+    self._name, self._dtype, self._size, self._damaged = name, dtype, size, damaged
+    self._bytes = size * dtype.itemsize
+    self._read_tokens = _ranges(name, remote)
+    self._read_checksums = _ranges(name + CHECKSUMS, remote)
 
   def __len__(self) -> int:
     return self._size
 
   def __getitem__(self, where: slice) -> np.ndarray:
     begin, end = where.start * self._dtype.itemsize, where.stop * self._dtype.itemsize
-    first, last = begin // BLOCK_BYTES, -(-end // BLOCK_BYTES)  # the blocks [first, last)
+    first, last = begin // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1  # the blocks [first, last)
     offset = first * BLOCK_BYTES
-    raw = self._tokens.read(offset, min(last * BLOCK_BYTES, self._size * self._dtype.itemsize)
-                            - offset)
-    expected = np.frombuffer(self._checksums.read(first * 4, (last - first) * 4), '<u4')
-    for block, checksum in enumerate(expected):
-      data = raw[block * BLOCK_BYTES:(block + 1) * BLOCK_BYTES] if len(expected) > 1 else raw
-      if google_crc32c.value(data) != checksum:
-        at = offset + block * BLOCK_BYTES
-        raise ValueError(f'{self._tokens.name}: the bytes {at:,} to {at + len(data):,} do not '
-                         f'match their checksum in {os.path.basename(self._checksums.name)}: '
-                         f'{self._damaged}')
-    if len(expected) < last - first or len(raw) < end - offset:
-      raise ValueError(f'{self._tokens.name} ends before byte {end:,}: {self._damaged}')
+    try:
+      raw = self._read_tokens(min(last * BLOCK_BYTES, self._bytes) - offset, offset)
+      checksums = self._read_checksums((last - first) * 4, first * 4)
+    except (OSError, tf.errors.OpError) as error:
+      reason = getattr(error, 'strerror', None) or getattr(error, 'message', None) or error
+      raise ValueError(f'{self._name} (or its checksums) cannot be read at byte {offset:,} '
+                       f'({reason})') from None
+    if len(raw) < end - offset or len(checksums) < (last - first) * 4:
+      raise ValueError(f'{self._name} (or its checksums) ends before byte {end:,}: '
+                       f'{self._damaged}')
+    if last - first == 1:
+      if google_crc32c.value(raw) != int.from_bytes(checksums, 'little'):
+        self._refuse(offset, len(raw))
+    else:
+      for block in range(last - first):
+        data = raw[block * BLOCK_BYTES:(block + 1) * BLOCK_BYTES]
+        if google_crc32c.value(data) != int.from_bytes(checksums[block * 4:block * 4 + 4],
+                                                       'little'):
+          self._refuse(offset + block * BLOCK_BYTES, len(data))
     return np.frombuffer(raw, self._dtype, (end - begin) // self._dtype.itemsize, begin - offset)
+
+  def _refuse(self, at: int, length: int):
+    raise ValueError(f'{self._name}: the bytes {at:,} to {at + length:,} do not match their '
+                     f'checksum in {os.path.basename(self._name)}{CHECKSUMS}: {self._damaged}')
 
 
 class Store:

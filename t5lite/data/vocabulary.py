@@ -37,6 +37,7 @@ from t5lite import paths
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
 
 NUM_SENTINELS = 100
+MODE_TOKENS = ('[NLU]', '[NLG]', '[S2S]')  # UL2's (t5lite/objectives/ul2.py), one piece each
 SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'
 VOCAB_FILE = 'vocab.model'  # what `train_tokenizer` writes in its folder
@@ -152,7 +153,6 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
   t5lite/outputs.py.
   """
   from t5lite.data import sources  # TensorFlow's: a run that reads no text never loads it
-  from t5lite.objectives import ul2
   outputs.check_folder(out_dir, (VOCAB_FILE,), overwrite=overwrite)
   documents, _ = sources.read_documents(inputs, text_key, flag='--input')
   sentences = (s for doc in documents for s in _SENTENCE_BREAK.split(doc) if s.strip())
@@ -164,7 +164,7 @@ def train_tokenizer(inputs: str | Sequence[str], vocab_size: int = 8000, out_dir
         model_type='unigram', pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
         # '▁[NLU]', not '[NLU]': SentencePiece's dummy prefix would make '[NLU]' two ids, ▁ [NLU],
         # and an HF export one (it matches '[NLU]' before its pre-tokenizer adds the ▁)
-        user_defined_symbols=['\u2581' + mode for mode in ul2.MODES.values()],
+        user_defined_symbols=['\u2581' + mode for mode in MODE_TOKENS],
         character_coverage=0.9999, max_sentence_length=16384, input_sentence_size=10_000_000,
         shuffle_input_sentence=True, num_threads=os.cpu_count(), minloglevel=2)
   except RuntimeError as error:  # e.g. "... Vocabulary size too high (50000). Please set it ..."

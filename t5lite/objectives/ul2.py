@@ -29,10 +29,11 @@ down into the vocabulary's last pieces.
 
 import ml_collections
 
+from t5lite.data import vocabulary
 from t5lite.objectives import base
 from t5lite.objectives import span_corruption
 
-MODES = {'R': '[NLU]', 'X': '[NLG]', 'S': '[S2S]'}
+MODES = dict(zip('RXS', vocabulary.MODE_TOKENS))  # {'R': '[NLU]', 'X': '[NLG]', 'S': '[S2S]'}
 # name: (kind, noise density, mean noise span length); the S-denoiser has neither
 DENOISERS = {
     'r_3_15': ('R', 0.15, 3.0), 'r_8_15': ('R', 0.15, 8.0),
