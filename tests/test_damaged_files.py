@@ -1,7 +1,8 @@
 """Every kind of file t5lite reads, damaged at random, through the real command (issue #29).
 
 For each kind (KINDS), a valid file of a tiny world made once (a trained run, its Hugging Face
-export, a corpus, a task, prompts) is copied into a fresh case folder and damaged by Hypothesis
+export, a corpus and its token store, a task, prompts) is copied into a fresh case folder and
+damaged by Hypothesis
 (`damages`): cut at any byte, bits flipped, emptied, other bytes, saved as UTF-16, blank lines
 added, for JSON a value replaced by one of another type or null, or nested 100,000 deep, or a
 folder or a FIFO in its place. Then the command that reads it runs in this process (`cli.main`,
@@ -9,7 +10,7 @@ stderr captured at the file descriptor), and must either succeed (exit 0: the da
 e.g. a blank line in metrics.jsonl) or refuse with exit status 2 and exactly one stderr line that
 names the file, leaving the case folder byte for byte as it was (tests/fs.py's SHA-256 snapshot).
 
-Profiles: `make test` runs the fast one, each kind's `examples` (about 340 in all), derandomized so
+Profiles: `make test` runs the fast one, each kind's `examples` (about 440 in all), derandomized so
 that every run tries the same ones. The long one runs T5LITE_FUZZ_SCALE times as many, from a
 fresh seed each time (Hypothesis prints a failing example and how to reproduce it):
 
