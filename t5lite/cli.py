@@ -446,12 +446,16 @@ def unraisable_hook(unraisable) -> None:
 def quiet_libraries() -> None:
   """Keeps stderr for t5lite's own lines: orbax's tracebacks of a failed save (the error reaches
   the command, which says it in one line) and the "never awaited" warnings of the writes a failed
-  save abandoned (issued at exit). Python's "Exception ignored" reports: `unraisable_hook`.
-  TensorFlow's import banner: t5lite/data/tf_setup.py. T5LITE_DEBUG=1 keeps them all."""
+  save abandoned (issued at exit), and the C++ warnings of TensorFlow and XLA (a failed call of
+  the input pipeline's Python, e.g. a damaged store's block, logs its traceback once per call).
+  Python's "Exception ignored" reports: `unraisable_hook`. TensorFlow's import banner:
+  t5lite/data/tf_setup.py. T5LITE_DEBUG=1 keeps them all."""
   global _quiet
   if _quiet:  # once per process (tests call main() again and again)
     return
   _quiet = True
+  # Read once, by the first of JAX and TensorFlow to load, for both: before either does
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   import logging  # pylint: disable=import-outside-toplevel
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
   # absl's own logger reports the caller's file (a plain one would name absl's)

@@ -436,3 +436,19 @@ def test_prepare_killed_or_interrupted_at_random_moments_never_shows_half_a_part
     assert read_whole(out) in (None, whole)
   assert launch_prepare(source, out, '--workers=1', '--overwrite').wait(timeout=300) == 0
   assert same_files(out, clean)
+
+
+def test_a_damaged_block_read_by_the_pipeline_is_one_line_from_a_fresh_process(small, tmp_path):
+  """TensorFlow's C++ logs the traceback of each failed call of the pipeline's Python (one per
+  window read in parallel) unless told otherwise before JAX or TensorFlow loads: the command does
+  so (the tests' own environment, tests/conftest.py, would hide it)."""
+  _, clean = small
+  out = copy_of(clean, tmp_path)
+  for at in range(100, (out / f'{PART}.train').stat().st_size, store.BLOCK_BYTES):
+    flip(out / f'{PART}.train', at)
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  done = subprocess.run([sys.executable, '-m', 't5lite', 'data', f'--config={ROOT}/configs/t5_tiny.py',
+                         '--show=1', f'--config.data.source={out}'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+  assert 'do not match their checksum' in done.stderr
