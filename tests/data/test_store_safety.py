@@ -229,7 +229,8 @@ DAMAGED_MANIFESTS = [
     (('skipped',), {'lines_without_text': -2}, 'skipped is .*, not counts by reason'),
     (('validation_fraction',), 1.5, 'validation_fraction is 1.5, not in \\[0, 1\\)'),
     (('inputs',), [3], 'inputs\\[0\\] is an integer, not a string'),
-    (('part',), 'part-00001-of-00002', "part is \"part-00001-of-00002\", not 'part-00000-of-00001'"),
+    (('part',), 'part-00001-of-00002',
+     "part is \"part-00001-of-00002\", not 'part-00000-of-00001'"),
     (('checksums', 'block_bytes'), 1 << 20, 'checksums.block_bytes is 1048576, not 4096'),
     (('checksums',), None, 'checksums is null, not an object'),
     (('format',), 't5lite token store 1', "is of 't5lite token store 1', before block checksums"),
@@ -447,8 +448,8 @@ def test_a_damaged_block_read_by_the_pipeline_is_one_line_from_a_fresh_process(s
   for at in range(100, (out / f'{PART}.train').stat().st_size, store.BLOCK_BYTES):
     flip(out / f'{PART}.train', at)
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
-  done = subprocess.run([sys.executable, '-m', 't5lite', 'data', f'--config={ROOT}/configs/t5_tiny.py',
-                         '--show=1', f'--config.data.source={out}'], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  done = subprocess.run([sys.executable, '-m', 't5lite', 'data', '--show=1',
+                         f'--config={ROOT}/configs/t5_tiny.py', f'--config.data.source={out}'],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
   assert 'do not match their checksum' in done.stderr
