@@ -3,19 +3,23 @@
 A store is a folder, local or gs://, of parts: `prepare --shard_index=i --num_shards=N` writes
 part i of N (one machine each, or one after another), and the parts in order are the store:
 
-  part-00000-of-00002.train       the train split's token ids, little-endian uint16 (uint32
-  part-00000-of-00002.validation  for vocabularies past 65,536), documents concatenated without
-                                  EOS between them (T5's reduce_concat_tokens)
-  part-00000-of-00002.json        the part's manifest, written last: a reader never sees a part
-                                  that is not whole
+  part-00000-of-00002.train         the train split's token ids, little-endian uint16 (uint32
+  part-00000-of-00002.validation    for vocabularies past 65,536), documents concatenated without
+                                    EOS between them (T5's reduce_concat_tokens)
+  part-00000-of-00002.train.crc32c  the CRC32C of each BLOCK_BYTES block of the split's file,
+  ....validation.crc32c             little-endian uint32 (the last block's over what it holds)
+  part-00000-of-00002.json          the part's manifest, written last: a reader never sees a
+                                    part that is not whole
 
 A manifest holds the format, the vocabulary (SHA-256 of its model proto, size), the validation
-fraction and text key, and what the part was prepared from: its inputs, documents and tokens per
-split, and what was skipped and why. A run reads a store only if every part is there, whole and
-of the run's vocabulary.
+fraction and text key, the checksums' algorithm and block, and what the part was prepared from:
+its inputs, documents and tokens per split, and what was skipped and why. A run reads a store
+only if every part is there, every field of its manifest as the format says, each file of the
+size its manifest gives and of the run's vocabulary; and it checks the blocks of each window it
+reads against their checksums (`_TokenFile`), so a damaged byte is refused, not trained on.
 
 Every text source is read as tokens in the same way (`split_tokens`): a store is read by ranges
-(pread; on Cloud Storage, ranged reads); any other source is tokenized in memory when a run starts,
+(pread; on Cloud Storage, ranged GETs); any other source is tokenized in memory when a run starts,
 by the same code `prepare` runs, so a store prepared from a source holds exactly the tokens that
 source gives in memory, and trains exactly alike.
 """
