@@ -12,8 +12,12 @@ share a persistent compilation cache. The jobs, in order:
 - correctness (t5_tiny, two layers a stack): 5 float32 steps on the default device equal the CPU
   backend's (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's
   over 50 steps memorising one batch; greedy decoding equals `transformers`' generate (on CUDA);
-- attention: each kernel (`xla`; on a GPU also bfloat16 `xla` and `cudnn`) against `einsum`,
-  with T5's relative bias, two packed segments and padding, forward and the four gradients;
+- attention: each kernel (`xla`, `flash`; on a GPU also bfloat16 `xla`, `cudnn` and `flash`)
+  against `einsum`, with T5's relative bias, two packed segments and padding, forward and the
+  four gradients (q, k, v, the bias table);
+- attention_speed: encoder, decoder and cross-attention at t5_1_1_base's shapes (512/114) and at
+  2,048/512 with as many tokens, rows packing 1-4 examples: each kernel's forward and backward
+  timed, checked against float32 `einsum`, with XLA's scratch memory (`temp_mib`);
 - profile:MODEL:CHANGE: a variant's step (PROFILED) traced with `jax.profiler` beside XLA's HLO
   dump: device time by instruction, source line, kind and phase (bench/step_profile.py), both
   archived (trace_CHANGE.tar.gz, xla_dump_CHANGE.tar.gz);
@@ -27,7 +31,8 @@ share a persistent compilation cache. The jobs, in order:
 - resume: `t5lite train` on synthetic batches with checkpoints, once through and once SIGKILLed
   and resumed; every step's loss compared bit for bit (those before the checkpoint it resumed
   from compare two runs of one config, those after compare resuming), the two runs' saves of
-  that step, and the first run resumed from its own save;
+  that step, and the first run resumed from its own save; resume:flash the same with the flash
+  kernel;
 - plan: `t5lite plan` for this machine (e.g. 1xH200, compiled on it) against the allocator's
   peak that the resume job's run logged.
 On CPU the same jobs run on t5_tiny at tiny shapes, one layer a stack and fewer steps
@@ -69,7 +74,8 @@ from t5lite.commands import plan as plan_lib  # noqa: E402
 from t5lite.data import batches as batches_lib  # noqa: E402
 from t5lite.models import attention as attention_lib  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
-from t5lite.models.positions import RelativePositionBias, relative_position_bucket  # noqa: E402
+from t5lite.models.positions import (  # noqa: E402
+    BucketedBias, RelativeBuckets, RelativePositionBias, relative_position_bucket)
 from t5lite.train import checkpoint as checkpoint_lib  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
@@ -95,7 +101,8 @@ SWEEP = {
         {'train.loss_chunks': 4}, {'data.batch_size': 64},
         {'model.attention': 'cudnn', 'model.scan_layers': False},
         {'model.attention': 'cudnn', 'model.remat_policy': 'none'},
-        {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'}]),
+        {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'},
+        {'model.attention': 'flash'}, {'model.attention': 'flash', 'model.remat_policy': 'none'}]),
     't5_1_1_large': (64, [
         {}, {'model.attention': 'cudnn'}, {'data.batch_size': 128},
         {'model.remat_policy': 'full'},
@@ -120,7 +127,7 @@ CPU_MODEL, CPU_BATCH_DIVISOR = 't5_tiny', 32
 # the jobs run to check their paths, in tests/bench/test_gpu.py).
 LAYERS = {'gpu': 2, 'cpu': 1}
 # Seconds a job may take on a GPU (compiles included); on CPU each gets CPU_TIMEOUT_S.
-TIMEOUT_S = {'correctness': 150, 'attention': 90, 'attention_speed': 180, 'profile': 150,
+TIMEOUT_S = {'correctness': 150, 'attention': 90, 'attention_speed': 300, 'profile': 150,
              'hf': 180, 'speed': 120, 'resume': 300, 'plan': 150}
 CPU_TIMEOUT_S = 600
 # The resume job's run: steps and checkpoint interval.
@@ -260,44 +267,51 @@ def correctness() -> list[dict]:
 
 def check_attention_kernels() -> list[dict]:
   """Every kernel against `einsum` with T5's bias and two packed examples plus padding, in
-  encoder (bidirectional) and decoder (causal) self-attention; a kernel that fails to compile or
-  run is a row with its error, the others still compared."""
+  encoder (bidirectional) and decoder (causal) self-attention: the output and the gradients of q,
+  k, v and of the bias table; a kernel that fails to compile or run is a row with its error, the
+  others still compared. `flash` reads the layout and the table where the others read the mask
+  and the bias built from the same arguments (on CPU in Pallas' interpreter)."""
   cfg = config_lib.model_config(memorising('float32'))
   length, heads, d = 64, cfg.num_heads, cfg.d_kv
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, cotangent = (jax.random.normal(key, (2, length, heads, d)) for key in keys)
   segments = jnp.array([[1] * 40 + [2] * 20 + [0] * 4, [1] * 64])
   real = (segments > 0)[:, :, None, None]  # padding queries attend to nothing: left out
-  kernels = [('xla', jnp.float32, 1e-4)]
+  kernels = [('xla', jnp.float32, 1e-4), ('flash', jnp.float32, 1e-4)]
   if on_gpu():
-    kernels += [('xla', jnp.bfloat16, 2e-2), ('cudnn', jnp.bfloat16, 2e-2)]
+    kernels += [('xla', jnp.bfloat16, 2e-2), ('cudnn', jnp.bfloat16, 2e-2),
+                ('flash', jnp.bfloat16, 2e-2)]
 
-  def outputs(implementation, dtype, mask, bias):
-    def loss(q, k, v, bias):
+  def outputs(implementation, dtype, masks, buckets, table):
+    def loss(q, k, v, table):
+      flash = implementation == 'flash'
+      bias = BucketedBias(table, buckets)
       out = attention_lib.dot_product_attention(
-          q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask, bias=bias,
-          implementation=implementation)
+          q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=masks[flash],
+          bias=bias if flash else bias.dense(length, length), implementation=implementation)
       return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0))
-    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, table)
     return [value, *grads]
 
   row, passed = {'check': 'attention_kernels_agree'}, True
   for causal in (False, True):
-    bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=nnx.Rngs(1))(length, length)
-    mask = attention_lib.attention_mask(length, segments > 0, query_segment_ids=segments,
-                                        key_segment_ids=segments, causal=causal)
-    reference = {dtype: outputs('einsum', dtype, mask, bias)
+    bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=nnx.Rngs(1)).bucketed()
+    args = (length, None if causal else segments > 0)
+    kwargs = dict(query_segment_ids=segments, key_segment_ids=segments, causal=causal)
+    masks = (attention_lib.attention_mask(*args, **kwargs),
+             attention_lib.attention_layout(*args, **kwargs))
+    reference = {dtype: outputs('einsum', dtype, masks, bias.buckets, bias.table)
                  for dtype in {d for _, d, _ in kernels}}
     for implementation, dtype, tolerance in kernels:
       name = f'{implementation}_{jnp.dtype(dtype).name}' + ('_causal' if causal else '')
       try:
-        got = outputs(implementation, dtype, mask, bias)
+        got = outputs(implementation, dtype, masks, bias.buckets, bias.table)
       except Exception as error:  # pylint: disable=broad-except  # e.g. cuDNN has no plan
         row[name], passed = {'error': first_line(error)}, False
         continue
       errors = [float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-12))
                 for a, b in zip(got, reference[dtype])]
-      row[name] = dict(zip(('forward', 'd_query', 'd_key', 'd_value', 'd_bias'), errors))
+      row[name] = dict(zip(('forward', 'd_query', 'd_key', 'd_value', 'd_table'), errors))
       passed &= max(errors) <= tolerance
   if not on_gpu():
     row['cudnn'] = 'not run: needs a GPU'
@@ -338,11 +352,14 @@ def attention_speed(args):
   gpu = on_gpu()
   cfg = config_lib.model_config(preset('t5_1_1_base' if gpu else CPU_MODEL, dtype='bfloat16',
                                        batch_size=1, inputs_length=8, targets_length=8))
-  batch, inputs, targets = (128, 512, 114) if gpu else (4, 32, 8)
-  for case, (q_len, kv_len, causal, biased) in {
-      'encoder': (inputs, inputs, False, True), 'decoder': (targets, targets, True, True),
-      'cross': (targets, inputs, False, False)}.items():
-    yield from attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args)
+  # t5_1_1_base's shapes, then as many tokens at 2,048/512 (on CPU tiny ones)
+  for batch, inputs, targets in ((128, 512, 114), (32, 2048, 512)) if gpu else (
+      (4, 32, 8), (2, 64, 16)):
+    suffix = '' if inputs == (512 if gpu else 32) else f'_{inputs}'
+    for case, (q_len, kv_len, causal, biased) in {
+        'encoder': (inputs, inputs, False, True), 'decoder': (targets, targets, True, True),
+        'cross': (targets, inputs, False, False)}.items():
+      yield from attention_case(cfg, case + suffix, batch, q_len, kv_len, causal, biased, args)
 
 
 def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
@@ -368,14 +385,20 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
 
   # The masks, segments and cotangent are arguments of the jitted steps, not constants in them:
   # XLA spent minutes constant-folding the decoder case's (on an H100, 2026-11-26).
-  layout = {'bucket': bucket, 'mask': mask, 'real': real, 'q_segments': q_segments,
-            'kv_segments': kv_segments, 'cotangent': cotangent}
+  # Causal, the flash layout hides padding keys by segment alone: only padding queries, left
+  # out of the loss, see them.
+  flash_layout = attention_lib.attention_layout(
+      q_len, None if causal else kv_segments > 0, query_segment_ids=q_segments,
+      key_segment_ids=kv_segments, causal=causal)
+  layout = {'bucket': bucket, 'mask': mask, 'flash': flash_layout, 'real': real,
+            'q_segments': q_segments, 'kv_segments': kv_segments, 'cotangent': cotangent}
 
   def bias_of(table, bucket):  # (buckets, h) -> (1, h, q, k), as RelativePositionBias does
     return jnp.transpose(jnp.take(table, bucket, axis=0), (2, 0, 1))[None] if biased else None
 
   def packed(mask_type):
-    def attend(q, k, v, bias, layout):
+    def attend(q, k, v, table, layout):
+      bias = bias_of(table, layout['bucket'])
       q_lengths, q_offsets = packed_segments(layout['q_segments'], most)
       kv_lengths, kv_offsets = packed_segments(layout['kv_segments'], most)
       out = cudnn_attention.dot_product_attention(
@@ -385,13 +408,20 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
     return attend
 
   def public(implementation, masked=True, bias_used=True):
-    def attend(q, k, v, bias, layout):
+    def attend(q, k, v, table, layout):
       return attention_lib.dot_product_attention(
           q, k, v, mask=layout['mask'] if masked else jnp.ones((1, 1, 1, 1), bool),
-          bias=bias if bias_used else None, implementation=implementation)
+          bias=bias_of(table, layout['bucket']) if bias_used else None,
+          implementation=implementation)
     return attend
 
-  candidates = {'einsum': public('einsum'), 'xla': public('xla')}
+  def flash(q, k, v, table, layout):  # the ids and the table: no (q, k) array at all
+    buckets = RelativeBuckets(not causal, cfg.relative_buckets, cfg.relative_max_distance)
+    return attention_lib.dot_product_attention(
+        q, k, v, mask=layout['flash'], bias=BucketedBias(table, buckets) if biased else None,
+        implementation='flash')
+
+  candidates = {'einsum': public('einsum'), 'xla': public('xla'), 'flash': flash}
   if gpu:
     candidates.update({
         'cudnn': public('cudnn'),
@@ -402,7 +432,7 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
 
   def gradients(attend):
     def loss(q, k, v, table, layout):
-      out = attend(q, k, v, bias_of(table, layout['bucket']), layout)
+      out = attend(q, k, v, table, layout)
       return jnp.sum(jnp.where(layout['real'], out.astype(jnp.float32) * layout['cotangent'], 0.))
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
@@ -428,6 +458,7 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
         if i >= args.warmup:
           seconds.append(time.perf_counter() - start)
       row['fwd_bwd_ms'] = round(1e3 * statistics.median(seconds), 3)
+      row['temp_mib'] = temp_mib(step, q, k, v, table, layout)
       names = ('value', 'd_query', 'd_key', 'd_value', 'd_table')[:5 if biased else 4]
       row.update(zip(names, [relative_error(value, reference[0])] + [
           relative_error(a, b) for a, b in zip(grads, reference[1])]))
@@ -435,6 +466,15 @@ def attention_case(cfg, case, batch, q_len, kv_len, causal, biased, args):
     except Exception as error:  # pylint: disable=broad-except  # the row says what failed
       row['error'] = f'{type(error).__name__}: {first_line(error)}'
     yield row
+
+
+def temp_mib(step, *args) -> float | None:
+  """XLA's scratch memory for a jitted function at these arguments (its arrays beside the
+  inputs and outputs), where the backend reports it."""
+  try:
+    return round(step.lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**20, 1)
+  except (AttributeError, NotImplementedError):
+    return None
 
 
 def first_line(error: BaseException) -> str:
@@ -549,8 +589,9 @@ def side_by_side(args) -> list[dict]:
 
 # ---- the real run: resume, and plan against it -------------------------------------------------
 
-def run_flags() -> list[str]:
-  """`t5lite train` flags of the resume job's run (and of the plan against it)."""
+def run_flags(attention: str = 'xla') -> list[str]:
+  """`t5lite train` flags of the resume job's run (and of the plan against it), with that
+  attention kernel."""
   steps, every = RESUME['gpu' if on_gpu() else 'cpu']
   name = next(iter(sweep()))
   batch, _ = sweep()[name]
@@ -559,18 +600,18 @@ def run_flags() -> list[str]:
            '--config.train.eval_every=0', f'--config.checkpoint.every_steps={every}',
            f'--config.checkpoint.keep={steps // every}',
            f'--config.data.batch_size={batch}', f'--config.model.dtype={shapes()["dtype"]}',
-           *(f'--config.{k}={v}' for k, v in BASELINE.items())]
+           *(f'--config.{k}={v}' for k, v in {**BASELINE, 'model.attention': attention}.items())]
   if not on_gpu():
     flags += [f'--config.data.inputs_length={shapes()["inputs_length"]}',
               f'--config.data.targets_length={shapes()["targets_length"]}']
   return flags + [f'--config.model.{k}={v}' for k, v in model_fields().items()]
 
 
-def launch_train(workdir: str, kill: bool = False) -> list[int]:
-  """Runs `t5lite train` with run_flags() to the end, or with `kill` SIGKILLs it once a
+def launch_train(workdir: str, attention: str, kill: bool = False) -> list[int]:
+  """Runs `t5lite train` with run_flags(attention) to the end, or with `kill` SIGKILLs it once a
   checkpoint is complete and a step past it has printed; returns the steps it printed."""
   process = subprocess.Popen(
-      [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags()],
+      [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags(attention)],
       cwd=train_step.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   printed, last_lines = [], collections.deque(maxlen=5)
   for line in process.stdout:  # a line per step (log_every=1)
@@ -599,22 +640,22 @@ def logged_rows(workdir: str) -> dict[int, dict]:
     return {row['step']: row for row in map(json.loads, f) if 'loss' in row}
 
 
-def resume(args) -> list[dict]:
+def resume(args, attention: str = 'xla') -> list[dict]:
   """The run once through, and the same run SIGKILLed past a checkpoint and resumed: each
   step's loss, bit for bit, and the two runs' saved states at the step it resumed from; and
   the first run resumed from its own save of that step, against itself."""
   with tempfile.TemporaryDirectory() as folder:
     once, killed = os.path.join(folder, 'once'), os.path.join(folder, 'killed')
-    launch_train(once)
-    printed = launch_train(killed, kill=True)
-    resumed_from = launch_train(killed)[0] - 1
+    launch_train(once, attention)
+    printed = launch_train(killed, attention, kill=True)
+    resumed_from = launch_train(killed, attention)[0] - 1
     a, b = logged_rows(once), logged_rows(killed)
-    differing_leaves = saved_state_differences(once, killed, resumed_from)
+    differing_leaves = saved_state_differences(once, killed, resumed_from, attention)
     # the uninterrupted run resumed from its own save: does a save hold what the run held?
     own = os.path.join(folder, 'own')
     shutil.copytree(os.path.join(once, 'checkpoints', str(resumed_from)),
                     os.path.join(own, 'checkpoints', str(resumed_from)))
-    launch_train(own)
+    launch_train(own, attention)
     c = logged_rows(own)
   steps = sorted(a)
   if steps != sorted(b):
@@ -626,7 +667,7 @@ def resume(args) -> list[dict]:
     return max((abs(a[s]['loss'] - b[s]['loss']) for s in chosen), default=0.0)
 
   timed = [a[s] for s in steps[1:]]  # the first step's time holds the step's first run
-  return [{'bench': 'gpu_resume', 'flags': run_flags(), 'steps': len(steps),
+  return [{'bench': 'gpu_resume', 'flags': run_flags(attention), 'steps': len(steps),
            'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
            'saved_states_equal': not differing_leaves,
            'saved_states_differing_leaves': differing_leaves,
@@ -644,17 +685,18 @@ def resume(args) -> list[dict]:
                c[s]['loss'] == a[s]['loss'] for s in c)}]
 
 
-def run_config():
-  """The config of run_flags(), as `t5lite train` builds it."""
-  config = config_lib.load(os.path.join(train_step.ROOT, run_flags()[0].split('=', 1)[1]))
-  config_lib.override(config, run_flags()[1:])
+def run_config(attention: str = 'xla'):
+  """The config of run_flags(attention), as `t5lite train` builds it."""
+  flags = run_flags(attention)
+  config = config_lib.load(os.path.join(train_step.ROOT, flags[0].split('=', 1)[1]))
+  config_lib.override(config, flags[1:])
   return config
 
 
-def saved_state_differences(first: str, second: str, step: int) -> list[dict]:
+def saved_state_differences(first: str, second: str, step: int, attention: str) -> list[dict]:
   """The leaves of the train states two workdirs saved at checkpoint `step` that are not
   bit-identical: how many elements differ, the NaNs in each, the largest difference."""
-  config = run_config()
+  config = run_config(attention)
   run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]),
                          reads_text=False)
   states = []
@@ -739,8 +781,11 @@ def jobs() -> list[Job]:
                         lambda args, name=name, change=change: speed(name, change, args),
                         timeout('speed') * (1.5 if 'large' in name else 1) * (3 if unrolled else 1),
                         XLA_FLAGS.get(change.get('xla'), '')))
+  # resume:flash: the flash kernel's backward sums the bias table's gradient in a fixed order
   return listed + [Job('resume', resume, timeout('resume'), preallocate=False),
-                    Job('plan', plan, timeout('plan'))]
+                    Job('plan', plan, timeout('plan')),
+                    Job('resume:flash', lambda args: resume(args, 'flash'), timeout('resume'),
+                        preallocate=False)]
 
 
 def selected(patterns: str | None) -> list[Job]:

@@ -3,17 +3,26 @@
 Every architecture uses the Mesh TensorFlow convention: logits are q.k with no 1/sqrt(d_kv), the
 factor being folded into the query kernel's initializer (std (d_model * d_kv)**-0.5). Position
 information enters as an additive bias (T5's relative bias) or as rotated q and k (RoPE).
-`cfg.attention` picks the kernel: 'xla' or 'cudnn' through `jax.nn.dot_product_attention`, or
-'einsum', the plain formula; they agree to float rounding.
+`cfg.attention` picks the kernel: 'xla' or 'cudnn' through `jax.nn.dot_product_attention`,
+'einsum', the plain formula, or 'flash' (models/flash_attention.py), which reads segment ids and
+T5's bias table instead of (q, k) arrays: for it a stack builds an `attention_layout` and a
+`BucketedBias` where the others get an `attention_mask` and a dense bias. They agree to float
+rounding. Decoding from a cache always takes the dense path ('xla' for 'flash').
 """
 
+import dataclasses
+import functools
+
+import flax
 from flax import nnx
+from flax.linen import partitioning
 import jax
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
+from t5lite.models.flash_attention import flash_attention
 from t5lite.models.layers import Dense, constrain
-from t5lite.models.positions import apply_rope
+from t5lite.models.positions import BucketedBias, apply_rope
 
 HEADS = ('batch', 'length', 'heads', 'kv')  # logical axes of per-head activations
 
@@ -45,14 +54,97 @@ def attention_mask(query_length: int, key_valid: jax.Array | None = None, *,
   return mask
 
 
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=['query_segments', 'key_segments', 'prefix'],
+                   meta_fields=['causal'])
+@dataclasses.dataclass(frozen=True)
+class AttentionLayout:
+  """Who may attend to whom as ids per position, the flash kernel's form of `attention_mask`.
+
+  A query sees the keys of its segment (a key in segment -1: no query), and if causal, none after
+  it unless both are in the prefix. Causal layouts are self-attention with one set of ids.
+  """
+  query_segments: jax.Array  # (b|1, q) int32
+  key_segments: jax.Array  # (b|1, k) int32
+  prefix: jax.Array | None  # (b, q) prefix LM: nonzero where attention is bidirectional
+  causal: bool
+
+
+def attention_layout(query_length: int, key_valid: jax.Array | None = None, *,
+                     query_segment_ids: jax.Array | None = None,
+                     key_segment_ids: jax.Array | None = None, causal: bool = False,
+                     prefix: jax.Array | None = None) -> AttentionLayout:
+  """`attention_mask`'s arguments as an AttentionLayout, which the same rules make the same mask.
+
+  E.g. key_valid [1, 1, 1, 0] and segments [1, 1, 2, 0]: key segments [1, 1, 2, -1]. Without
+  segment ids every query and key is in segment 0 (a (1, length) row).
+  """
+  if query_segment_ids is not None and key_segment_ids is not None:
+    query_ids, key_ids = query_segment_ids, key_segment_ids
+  else:
+    key_length = query_length if key_valid is None else key_valid.shape[1]
+    query_ids = jnp.zeros((1, query_length), jnp.int32)
+    key_ids = query_ids if causal else jnp.zeros((1, key_length), jnp.int32)
+  if key_valid is not None:
+    if causal:
+      raise ValueError('a causal layout hides keys by segment, not by key_valid')
+    key_ids = jnp.where(key_valid, key_ids, -1)
+  return AttentionLayout(query_ids, key_ids, prefix, causal)
+
+
+def _mesh_spec(logical_axes: tuple[str | None, ...]) -> jax.sharding.PartitionSpec | None:
+  """The mesh axes of logical ones under the current rules and mesh; None without them."""
+  rules = flax.core.spmd.get_logical_axis_rules()
+  if not rules or jax.sharding.get_abstract_mesh().empty:
+    return None
+  return partitioning.logical_to_mesh_axes(logical_axes, rules)
+
+
+def flash(query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
+          bias: BucketedBias | None) -> jax.Array:
+  """The flash kernel on each device's shard (batch and heads), as a kernel is not partitioned
+  by XLA: under a mesh, shard_map with lengths whole."""
+  batch = query.shape[0]
+  ids = [jnp.broadcast_to(x, (batch, x.shape[1])) for x in (layout.query_segments,
+                                                             layout.key_segments)]
+  arrays = [query, key, value, *ids]
+  if layout.prefix is not None:
+    arrays.append(layout.prefix)
+  if bias is not None:
+    arrays.append(bias.table)
+
+  def attend(query, key, value, query_segments, key_segments, *extras):
+    extras = list(extras)
+    return flash_attention(
+        query, key, value, query_segments=query_segments, key_segments=key_segments,
+        causal=layout.causal, prefix=None if layout.prefix is None else extras.pop(0),
+        table=None if bias is None else extras.pop(0),
+        buckets=None if bias is None else bias.buckets)
+
+  heads = _mesh_spec(('batch', None, 'heads', 'kv'))
+  if heads is None:
+    return attend(*arrays)
+  ids = _mesh_spec(('batch', None))
+  specs = [heads] * 3 + [ids] * (len(arrays) - 3)
+  if bias is not None:
+    specs[-1] = _mesh_spec(('relpos_buckets', 'heads'))
+  return jax.shard_map(attend, in_specs=tuple(specs), out_specs=heads, check_vma=False)(*arrays)
+
+
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
-                          mask: jax.Array, bias: jax.Array | None,
+                          mask: jax.Array | AttentionLayout,
+                          bias: jax.Array | BucketedBias | None,
                           implementation: str) -> jax.Array:
   """Unscaled softmax(q.k + bias) v over masked keys; softmax in float32.
 
   query (b, q, h, d), key and value (b, k, h, d), mask (b|1, 1, q, k), bias (b|1, h, q, k)
-  -> (b, q, h, d). Fully masked rows get uniform weights rather than NaN, as in XLA's kernel.
+  -> (b, q, h, d); or an AttentionLayout and BucketedBias for the flash kernel. Fully masked
+  rows get uniform weights rather than NaN, as in XLA's kernel.
   """
+  if isinstance(mask, AttentionLayout):
+    return flash(query, key, value, mask, bias)
+  if implementation == 'flash':  # a dense mask: decoding from a cache
+    implementation = 'xla'
   mask = jnp.broadcast_to(mask, (mask.shape[0], 1, query.shape[1], key.shape[1]))  # (b|1, 1, q, k)
   if bias is not None:
     bias = bias.astype(query.dtype)  # T5X keeps the bias in the compute dtype too

@@ -13,7 +13,7 @@ ACTIVATIONS = ('relu', 'gelu', 'gelu_erf', 'gated-gelu', 'gated-silu')
 NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
-ATTENTIONS = ('xla', 'cudnn', 'einsum')
+ATTENTIONS = ('xla', 'cudnn', 'einsum', 'flash')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
@@ -58,7 +58,9 @@ class ModelConfig:
   dropout: float = 0.0
   dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
   param_dtype: str = 'float32'
-  attention: str = 'xla'  # xla | cudnn (jax.nn.dot_product_attention) | einsum (plain)
+  # xla | cudnn (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias
+  # computed in the kernel: models/flash_attention.py)
+  attention: str = 'xla'
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   remat_policy: str = 'none'  # none | full | save_dots
   # ELECTRA: the generator's heads and d_ff as a fraction of the discriminator's (the paper's

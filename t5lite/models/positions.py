@@ -6,6 +6,8 @@ queries and keys (RoPE). Absolute ones read the `*_positions` feature of packed 
 segment restarts at 0.
 """
 
+import dataclasses
+import functools
 import math
 
 from flax import nnx
@@ -40,29 +42,57 @@ def relative_position_bucket(relative_position: jax.Array, *, bidirectional: boo
   return buckets + jnp.where(distance < max_exact, distance, large)
 
 
+@dataclasses.dataclass(frozen=True)
+class RelativeBuckets:
+  """A stack's bucketing of distances: `relative_position_bucket` with its settings."""
+  bidirectional: bool
+  num_buckets: int
+  max_distance: int
+
+  def __call__(self, relative_position: jax.Array) -> jax.Array:
+    return relative_position_bucket(relative_position, bidirectional=self.bidirectional,
+                                    num_buckets=self.num_buckets, max_distance=self.max_distance)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=['table'],
+                   meta_fields=['buckets'])
+@dataclasses.dataclass(frozen=True)
+class BucketedBias:
+  """T5's bias as its table and bucketing: what the flash kernel reads (models/flash_attention.py
+  computes each (q, k) entry itself), and what `dense` expands for the other kernels."""
+  table: jax.Array  # (buckets, heads)
+  buckets: RelativeBuckets
+
+  def dense(self, query_length: int, key_length: int,
+            query_offset: int | jax.Array = 0) -> jax.Array:
+    """Float32 bias of shape (1, heads, query_length, key_length): queries at positions
+    query_offset, query_offset + 1, ... (a decoding step's place in its cache), keys at 0, 1, ..."""
+    query_positions = query_offset + jnp.arange(query_length)
+    relative = jnp.arange(key_length)[None, :] - query_positions[:, None]  # (q, k)
+    # A one-hot matmul, not a gather: a gather's gradient is a scatter-add, which XLA's GPU
+    # backend sums with atomics in no fixed order, so that runs (and resumes) differed in the
+    # table's last bits on an H100. HIGHEST keeps float32 matmuls off TF32: each value exact.
+    one_hot = jax.nn.one_hot(self.buckets(relative), self.buckets.num_buckets,
+                             dtype=jnp.float32)  # (q, k, buckets)
+    return jnp.einsum('qkn,nh->hqk', one_hot, self.table.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)[None]  # (1, h, q, k)
+
+
 class RelativePositionBias(nnx.Module):
   """T5's per-head bias table, computed once per stack and shared by all its layers."""
 
   def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
-    self.bidirectional = bidirectional
-    self.num_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+    self.buckets = RelativeBuckets(bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
     self.embedding = param(rngs, jax.nn.initializers.normal(cfg.d_model**-0.5),
                            (cfg.relative_buckets, cfg.num_heads), ('relpos_buckets', 'heads'), cfg)
 
   def __call__(self, query_length: int, key_length: int,
                query_offset: int | jax.Array = 0) -> jax.Array:
-    """Float32 bias of shape (1, heads, query_length, key_length): queries at positions
-    query_offset, query_offset + 1, ... (a decoding step's place in its cache), keys at 0, 1, ..."""
-    query_positions = query_offset + jnp.arange(query_length)
-    relative = jnp.arange(key_length)[None, :] - query_positions[:, None]  # (q, k)
-    bucket = relative_position_bucket(relative, bidirectional=self.bidirectional,
-                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
-    # A one-hot matmul, not a gather: a gather's gradient is a scatter-add, which XLA's GPU
-    # backend sums with atomics in no fixed order, so that runs (and resumes) differed in the
-    # table's last bits on an H100. HIGHEST keeps float32 matmuls off TF32: each value exact.
-    one_hot = jax.nn.one_hot(bucket, self.num_buckets, dtype=jnp.float32)  # (q, k, buckets)
-    return jnp.einsum('qkn,nh->hqk', one_hot, self.embedding[...].astype(jnp.float32),
-                      precision=jax.lax.Precision.HIGHEST)[None]  # (1, h, q, k)
+    """The dense (1, heads, q, k) float32 bias (BucketedBias.dense)."""
+    return self.bucketed().dense(query_length, key_length, query_offset)
+
+  def bucketed(self) -> BucketedBias:
+    return BucketedBias(self.embedding[...], self.buckets)
 
 
 def sinusoidal_positions(positions: jax.Array, features: int) -> jax.Array:

@@ -26,10 +26,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.attention import Attention, attention_mask
+from t5lite.models.attention import Attention, AttentionLayout, attention_layout, attention_mask
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, Embed, MLP, Norm, constrain, param
-from t5lite.models.positions import RelativePositionBias, sinusoidal_positions
+from t5lite.models.positions import BucketedBias, RelativePositionBias, sinusoidal_positions
 
 CHECKPOINT_POLICIES = {
     'full': None,  # save nothing: recompute the whole layer in the backward pass
@@ -64,11 +64,11 @@ class Features(NamedTuple):
 
 class LayerInputs(NamedTuple):
   """What every layer of a stack reads besides the hidden states; computed once per stack."""
-  mask: jax.Array  # (b|1, 1, l, l) self-attention mask
-  bias: jax.Array | None  # (1, h, l, l) T5 relative position bias
+  mask: jax.Array | AttentionLayout  # (b|1, 1, l, l) self-attention mask, or flash's ids
+  bias: jax.Array | BucketedBias | None  # (1, h, l, l) T5 relative position bias, or its table
   positions: jax.Array | None  # (b, l) for RoPE
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
-  cross_mask: jax.Array | None = None  # (b|1, 1, l|1, m)
+  cross_mask: jax.Array | AttentionLayout | None = None  # (b|1, 1, l|1, m)
   index: jax.Array | None = None  # decoding: cache position of the first of the l tokens
 
 
@@ -216,15 +216,18 @@ class Stack(nnx.Module):
     x = constrain(self.dropout(x, deterministic=deterministic, rngs=rngs), EMBED)
     if self.embed_projection is not None:
       x = constrain(self.embed_projection(x), EMBED)
+    flash = self.cfg.attention == 'flash'  # ids and the bias table, not (q, k) arrays
+    mask = attention_layout if flash else attention_mask
+    bias = None
+    if self.cfg.position == 't5_relative':
+      bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
     inputs = LayerInputs(
-        mask=attention_mask(length, None if self.causal else features.tokens > 0,
-                            query_segment_ids=features.segment_ids,
-                            key_segment_ids=features.segment_ids, causal=self.causal,
-                            prefix=features.bidirectional),
-        bias=self.relative_bias(length, length) if self.cfg.position == 't5_relative' else None,
-        positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
+        mask=mask(length, None if self.causal else features.tokens > 0,
+                  query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
+                  causal=self.causal, prefix=features.bidirectional),
+        bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
     if encoded is not None:
-      inputs = inputs._replace(encoded=encoded, cross_mask=attention_mask(
+      inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
           key_segment_ids=encoder.segment_ids))
     use_dropout = not deterministic and self.cfg.dropout > 0

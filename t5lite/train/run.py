@@ -147,13 +147,21 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
 
 
 def check_attention(model_cfg: ModelConfig, mesh) -> None:
-  """Refuses cuDNN's attention on devices other than GPUs; an abstract mesh (`t5lite plan` for
-  chips this host lacks) has none to check."""
-  if model_cfg.attention == 'cudnn' and isinstance(mesh, Mesh):
-    platform = mesh.devices.flat[0].platform
-    if platform != 'gpu':
-      raise ValueError(f"model.attention='cudnn' needs a GPU (the devices are {platform}); "
-                       "use 'xla' or 'einsum' (--config.model.attention=xla)")
+  """Refuses an attention kernel the mesh's devices cannot run; an abstract mesh (`t5lite plan`
+  for chips this host lacks) has none to check."""
+  if isinstance(mesh, Mesh):
+    check_attention_platform(model_cfg.attention, mesh.devices.flat[0].platform)
+
+
+def check_attention_platform(attention: str, platform: str) -> None:
+  """cuDNN's attention needs a GPU; the flash kernel runs on GPUs, and in Pallas' interpreter
+  on CPUs (for tests), not on TPUs."""
+  if attention == 'cudnn' and platform != 'gpu':
+    raise ValueError(f"model.attention='cudnn' needs a GPU (the devices are {platform}); "
+                     "use 'xla' or 'einsum' (--config.model.attention=xla)")
+  if attention == 'flash' and platform == 'tpu':
+    raise ValueError("model.attention='flash' runs on GPUs (and in an interpreter on CPUs), not "
+                     "on TPUs; use 'xla' (--config.model.attention=xla)")
 
 
 def check_vocabulary(vocab: vocabulary.Vocabulary, model_cfg: ModelConfig, name: str) -> None:

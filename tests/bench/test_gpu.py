@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / 'bench'))
 
 
 JOBS = ('correctness', 'attention', 'attention_speed', 'profile', 'hf', 'speed:t5_tiny:baseline',
-        'speed:t5_tiny:xla=maxtext', 'resume', 'plan')
+        'speed:t5_tiny:xla=maxtext', 'resume', 'plan', 'resume:flash')
 
 
 @pytest.fixture(scope='module')
@@ -64,6 +64,9 @@ def test_correctness_checks_pass_on_cpu(rows):
   kernels = checks['attention_kernels_agree']
   assert max(kernels['xla_float32'].values()) <= 1e-4
   assert max(kernels['xla_float32_causal'].values()) <= 1e-4
+  assert max(kernels['flash_float32'].values()) <= 1e-4  # in Pallas' interpreter
+  assert max(kernels['flash_float32_causal'].values()) <= 1e-4
+  assert min(kernels['flash_float32'].values()) < max(kernels['flash_float32'].values())
   assert kernels['cudnn'] == 'not run: needs a GPU'
 
   greedy = checks['greedy_equals_transformers']
@@ -74,12 +77,13 @@ def test_correctness_checks_pass_on_cpu(rows):
 def test_the_attention_timings_check_each_kernel_against_float32_einsum(rows):
   by_job, _ = rows
   timed = {(row['case'], row['kernel']): row for row in by_job['attention_speed']}
-  assert set(timed) == {(case, kernel) for case in ('encoder', 'decoder', 'cross')
-                        for kernel in ('einsum', 'xla')}  # cuDNN's need a GPU
+  cases = ('encoder', 'decoder', 'cross', 'encoder_64', 'decoder_64', 'cross_64')
+  assert set(timed) == {(case, kernel) for case in cases
+                        for kernel in ('einsum', 'xla', 'flash')}  # cuDNN's need a GPU
   for (case, _), row in timed.items():
-    assert row['finite'] and row['fwd_bwd_ms'] > 0
+    assert row['finite'] and row['fwd_bwd_ms'] > 0 and row['temp_mib'] >= 0
     errors = [row[k] for k in ('value', 'd_query', 'd_key', 'd_value', 'd_table') if k in row]
-    assert len(errors) == (4 if case == 'cross' else 5)  # cross-attention has no bias
+    assert len(errors) == (4 if case.startswith('cross') else 5)  # cross-attention: no bias
     assert max(errors) <= 1e-5  # float32 on CPU: the same function as the reference
 
 
@@ -146,6 +150,10 @@ def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   assert own == 8 - resume['resumed_from_step'] == resume['own_save_resumed_equal_losses']
   assert resume['losses']['once'] == resume['losses']['resumed']
   assert all(8 < loss < 11 for loss in resume['losses']['once'])  # about ln(8192) = 9.0
+  flash = by_job['resume:flash'][0]  # the flash kernel, interpreted: bitwise too
+  assert flash['pass'] and flash['equal_losses'] == 8 and '--config.model.attention=flash' in (
+      flash['flags'])
+  assert flash['saved_states_differing_leaves'] == []
   plan = by_job['plan'][0]
   assert plan['topology'] == 'cpu:1' and plan['compiled'] and plan['planned_gib'] > 0
   assert plan['run_peak_memory_gib'] is None  # XLA:CPU keeps no allocator statistics
@@ -158,11 +166,11 @@ def test_every_speed_change_makes_a_valid_config():
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
   cpu_sweep = gpu.sweep()
   [(cpu_model, (_, cpu_changes))] = cpu_sweep.items()
-  # the first preset's changes but cuDNN's (batch sizes a 32nd)
+  # the first preset's changes but cuDNN's (batch sizes a 32nd; flash runs interpreted)
   kept = [change for change in gpu.SWEEP['t5_1_1_base'][1]
           if change.get('model.attention') != 'cudnn']
   assert [list(change) for change in cpu_changes] == [list(change) for change in kept]
-  assert len(cpu_changes) == 8
+  assert len(cpu_changes) == 10
   variants = [(cpu_model, change, gpu.variant_config(cpu_model, change)) for change in cpu_changes]
   for name, (batch, changes) in gpu.SWEEP.items():
     for change in changes:
@@ -170,7 +178,7 @@ def test_every_speed_change_makes_a_valid_config():
       variants.append((name, change, gpu.preset(name, dtype='bfloat16', batch_size=batch,
                                                 inputs_length=512, targets_length=114,
                                                 **overrides)))
-  assert len(variants) == 8 + 12 + 6
+  assert len(variants) == 10 + 14 + 6
   for name, change, config in variants:
     config_lib.validate(config)
     config_lib.model_config(config)

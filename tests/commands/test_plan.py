@@ -13,6 +13,7 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.commands import plan as plan_lib
+from t5lite.train import run as run_lib
 
 GiB = 2**30
 
@@ -85,6 +86,14 @@ def test_cudnn_attention_is_planned_for_gpus_and_refused_on_this_cpu():
                      r"cpu\); use 'xla' or 'einsum' \(--config.model.attention=xla\)$") as error:
     plan_lib.plan(config, 'cpu:1')
   assert '\n' not in str(error.value)
+
+
+def test_flash_attention_is_refused_on_tpus_only():
+  for platform in ('gpu', 'cpu'):
+    run_lib.check_attention_platform('flash', platform)
+  with pytest.raises(ValueError, match=r"^model.attention='flash' runs on GPUs .* not on TPUs; "
+                     r"use 'xla' \(--config.model.attention=xla\)$"):
+    run_lib.check_attention_platform('flash', 'tpu')
 
 
 @functools.lru_cache(maxsize=None)

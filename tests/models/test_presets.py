@@ -114,7 +114,7 @@ def test_scanned_and_unrolled_have_the_same_parameters():
 
 @pytest.mark.parametrize('field, value', [
     ('activation', 'swish'), ('position', 'alibi'), ('norm', 'batch'),
-    ('attention', 'flash'), ('remat_policy', 'some'), ('dtype', 'int8'), ('mlm_transform', 'gelu'),
+    ('attention', 'flex'), ('remat_policy', 'some'), ('dtype', 'int8'), ('mlm_transform', 'gelu'),
 ])
 def test_bad_config_fails_at_construction(field, value):
   with pytest.raises(ValueError, match=f'model.{field}'):
