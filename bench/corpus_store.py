@@ -138,7 +138,7 @@ def reads(source: str, batches: int, tree: str = ROOT) -> float:
 
 def reads_child(source: str, num_batches: int) -> None:
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
-  from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
+  from t5lite.inputs import batches as batches_lib  # pylint: disable=import-outside-toplevel
   data = config_lib.base_config().data
   data.update(READS, source=source)
   batches = batches_lib.make_batches(data, 'train', process_index=0, process_count=1)

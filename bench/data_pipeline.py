@@ -6,7 +6,7 @@ Each entry of PIPELINES turns (lengths and batch, tf.data threads) into an itera
 seqio's packed EncDecFeatureConverter format and its vocabulary size. Both read every document
 of the bundled corpus and tokenize them once with the bundled SentencePiece model plus 100
 sentinels, at t5_tiny's lengths (128/29, batch 32) and T5's (512/114, batch 128):
-- t5lite: `t5lite.data.batches.make_batches`;
+- t5lite: `t5lite.inputs.batches.make_batches`;
 - seqio: T5's C4 span-corruption task as it trains from its cache: `t5.data.preprocessors.
   span_corruption`, `seqio.preprocessors.append_eos_after_trim`, `seqio.EncDecFeatureConverter(
   pack=True)`, `seqio.SentencePieceVocabulary(extra_ids=100)`. It runs in its own venv,
@@ -49,7 +49,7 @@ SETTINGS = {'128': dict(inputs_length=128, targets_length=29, batch_size=32),
 
 def t5lite_batches(setting: dict, threads: int):
   from t5lite import config as config_lib  # pylint: disable=g-import-not-at-top; t5lite's venv
-  from t5lite.data import batches as batches_lib
+  from t5lite.inputs import batches as batches_lib
   from t5lite.data import vocabulary
   data = config_lib.base_config().data
   data.update(setting, threads=threads, seed=SEED)

@@ -71,7 +71,7 @@ from flax import nnx  # noqa: E402
 import step_profile  # noqa: E402
 from t5lite import config as config_lib  # noqa: E402
 from t5lite.commands import plan as plan_lib  # noqa: E402
-from t5lite.data import batches as batches_lib  # noqa: E402
+from t5lite.inputs import batches as batches_lib  # noqa: E402
 from t5lite.models import attention as attention_lib  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
 from t5lite.models.positions import (  # noqa: E402

@@ -40,8 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
-from t5lite.data import batches as batches_lib  # noqa: E402
 from t5lite.export import hf as hf_lib  # noqa: E402
+from t5lite.inputs import batches as batches_lib  # noqa: E402
 from t5lite.train import loop  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
 from t5lite.train import run as run_lib  # noqa: E402

@@ -62,7 +62,7 @@ def pipeline_data(name: str, length: int, source: str | None = None):
   UL2 denoiser as a single source), reading `source` (default: the bundled corpus)."""
   import ml_collections  # pylint: disable=import-outside-toplevel  # the child's
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
-  from t5lite.data import mixture  # pylint: disable=import-outside-toplevel
+  from t5lite.inputs import mixture  # pylint: disable=import-outside-toplevel
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
   if name.startswith('alone:'):
     data = mixture.component_data(data, name.removeprefix('alone:'))
@@ -97,7 +97,7 @@ def free_rate(shares: dict[str, float], alone: dict[str, float]) -> float:
 def serve(name: str, length: int, examples: int, source: str | None) -> None:
   """A child: builds pipeline `name`, warms it up, says how long that took; then, for each line
   on stdin, reads `examples` rows and prints its CPU time so far (all its threads)."""
-  from t5lite.data import batches as batches_lib  # pylint: disable=import-outside-toplevel
+  from t5lite.inputs import batches as batches_lib  # pylint: disable=import-outside-toplevel
   tic = time.perf_counter()
   data = pipeline_data(name.removesuffix('_again'), length, source)
   batches = batches_lib.make_batches(data, 'train', process_index=0, process_count=1)

@@ -1,7 +1,7 @@
 """The baseline a fine-tuned model should beat on the bundled sentiment task: naive Bayes.
 
 Multinomial naive Bayes over lowercased word unigrams and bigrams with add-one smoothing,
-trained on the task's train split and scored on its held-out split (`t5lite.data.tasks`:
+trained on the task's train split and scored on its held-out split (`t5lite.inputs.tasks`:
 |score| >= 0.5, every id divisible by 10 held out), in plain Python. Prints one JSON line.
 
   .venv/bin/python bench/naive_bayes_sentiment.py
@@ -12,7 +12,7 @@ import json
 import math
 import re
 
-from t5lite.data import tasks
+from t5lite.inputs import tasks
 
 _WORD = re.compile(r"[a-z0-9']+")
 

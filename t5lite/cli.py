@@ -83,7 +83,7 @@ def data_command(args, overrides):
       raise ValueError('--verify=STORE takes no other flag')
     print(store.verify(args.verify, progress=sys.stderr if sys.stderr.isatty() else None))
     return
-  from t5lite.data import batches
+  from t5lite.inputs import batches
   config = load_run_config(args, overrides)
   if args.out:
     batches.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)

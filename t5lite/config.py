@@ -16,7 +16,7 @@ import ml_collections
 
 from t5lite import files
 from t5lite import paths
-from t5lite.data import mixture
+from t5lite.inputs import mixture
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
@@ -42,7 +42,7 @@ def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()
   # bundled | a .txt/.jsonl path or glob | tfds:NAME (e.g. tfds:c4/en:3.1.0) | synthetic (random
-  # tokens in the objective's features: t5lite/data/batches.py)
+  # tokens in the objective's features: t5lite/inputs/batches.py)
   data.source = 'bundled'
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
@@ -64,7 +64,7 @@ def _data_defaults() -> ml_collections.ConfigDict:
   # Named components mixed by weight, each {weight (> 0), and optionally its own source,
   # text_key, validation_fraction, objective, noise_density, mean_noise_span_length, mode; those
   # left out are data's}, e.g. --config.data.mixture.web.source=stores/web
-  # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/data/mixture.py).
+  # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/inputs/mixture.py).
   data.mixture = ml_collections.ConfigDict()
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
   # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and

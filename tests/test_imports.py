@@ -1,12 +1,14 @@
 """Training, evaluation, `plan`, the models and the Hugging Face export load without TensorFlow,
 which only the input pipeline runs, and TensorFlow loads without Keras or JAX (`prepare` loads no
-JAX at all); the token ids they share live in one TF-free module."""
+JAX at all); the token ids they share live in one TF-free module; imports run down the floors."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 MODULES = ('t5lite.models', 't5lite.train.loop', 't5lite.commands.evaluate',
-           't5lite.commands.plan', 't5lite.data.batches', 't5lite.export.hf', 't5lite.token_ids')
+           't5lite.commands.plan', 't5lite.inputs.batches', 't5lite.export.hf', 't5lite.token_ids')
 
 
 def test_training_evaluation_plan_and_export_import_no_tensorflow():
@@ -47,3 +49,63 @@ def test_token_ids_are_defined_once():
   from t5lite.models import decoding
   assert (token_ids.PAD_ID, token_ids.EOS_ID, token_ids.UNK_ID) == (0, 1, 2)
   assert packing.PAD_ID is vocabulary.PAD_ID is decoding.PAD_ID is token_ids.PAD_ID
+
+
+# The floors, lowest first: a module imports only from its own floor and those below. The data
+# floor (text -> tokens) and the models know nothing of each other; objectives (tokens ->
+# examples) sit on both; the input pipeline (config -> batches) on the objectives; the run's
+# config on the input pipeline and the models; then training and export, the commands, the CLI.
+FLOORS = (('token_ids', 'paths', 'files', 'outputs', 'lock'), ('data', 'models'), ('objectives',),
+          ('inputs',), ('config',), ('train', 'export'), ('commands',), ('cli', '__main__'))
+
+
+def import_graph() -> dict[str, set[str]]:
+  """{module: the t5lite modules it imports, anywhere in it (functions too)}, by reading the
+  source: t5lite.a.b for `from t5lite.a import b` where b is a module, else t5lite.a."""
+  root = pathlib.Path(__file__).parents[1] / 't5lite'
+  paths = {'.'.join(p.relative_to(root.parent).with_suffix('').parts).removesuffix('.__init__'): p
+           for p in root.rglob('*.py')}
+  graph = {}
+  for module, path in paths.items():
+    graph[module] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+      if isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == 't5lite':
+        graph[module].update(f'{node.module}.{alias.name}' if f'{node.module}.{alias.name}'
+                             in paths else node.module for alias in node.names)
+      elif isinstance(node, ast.Import):
+        graph[module].update(a.name for a in node.names if a.name.split('.')[0] == 't5lite')
+  return graph
+
+
+def floor(module: str) -> int:
+  """The floor of t5lite.<name>[...]: its folder's, or a top-level module's own."""
+  name = module.split('.')[1]
+  return next(i for i, names in enumerate(FLOORS) if name in names)
+
+
+def test_imports_run_one_way():
+  """No module imports a floor above its own, at module or folder level, and no module imports
+  itself back through others (a cycle)."""
+  graph = import_graph()
+  upward = sorted(f'{a} -> {b}' for a, imported in graph.items() for b in imported
+                  if b != 't5lite' and floor(b) > floor(a))
+  assert upward == []
+  across = sorted(f'{a} -> {b}' for a, imported in graph.items() for b in imported
+                  if b != 't5lite' and floor(a) == floor(b) and a.split('.')[1] != b.split('.')[1]
+                  and a.count('.') > 1 and b.count('.') > 1)
+  assert across == []  # the data floor and the models, train and export: strangers
+  finished, on_path = set(), []
+
+  def visit(module):
+    on_path.append(module)
+    for imported in sorted(graph[module] - {module}):
+      assert imported not in on_path, ' -> '.join(on_path[on_path.index(imported):] + [imported])
+      if imported not in finished:
+        visit(imported)
+    on_path.pop()
+    finished.add(module)
+
+  for module in sorted(graph):
+    if module not in finished:
+      visit(module)
+  assert len(finished) > 60 and floor('t5lite.data.store') < floor('t5lite.inputs.pipeline')

@@ -12,9 +12,9 @@ import pytest
 
 from t5lite import cli
 from t5lite import outputs
-from t5lite.data import pipeline
 from t5lite.data import sources
 from t5lite.data import vocabulary
+from t5lite.inputs import pipeline
 from t5lite.train import run as run_lib
 from tests.train.test_loop import ROOT, train
 from tests.fs import snapshot

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from t5lite.data import batches as batches_lib
+from t5lite.inputs import batches as batches_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib
 

@@ -21,9 +21,9 @@ import ml_collections
 
 from t5lite import config as config_lib
 from t5lite import paths
-from t5lite.data import tasks
 from t5lite.export import hf
 from t5lite.export import tokenizer
+from t5lite.inputs import tasks
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import loop
 from t5lite.train import run as run_lib

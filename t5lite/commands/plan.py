@@ -30,7 +30,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from t5lite import config as config_lib
 from t5lite import objectives
-from t5lite.data import batches as batches_lib
+from t5lite.inputs import batches as batches_lib
 from t5lite.models import family
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib

@@ -1,5 +1,7 @@
 """Token stores: a corpus tokenized once by `t5lite prepare`, then read with random access.
 
+The format and the reader; a part's writer is t5lite/data/store_writer.py.
+
 A store is a folder, local or gs://, of parts: `prepare --shard_index=i --num_shards=N` writes
 part i of N (one machine each, or one after another), and the parts in order are the store:
 
@@ -50,7 +52,10 @@ FORMAT = 't5lite token store 2'
 FORMAT_1 = 't5lite token store 1'  # of 2026-11-26 and 27: no checksums
 SPLITS = ('train', 'validation')
 DTYPES = ('<u2', '<u4')
-MANIFEST = re.compile(r'part-(\d{5})-of-(\d{5})\.json')
+PART = r'part-(\d{5})-of-(\d{5})'  # part_name's pattern: part i of N
+MANIFEST = re.compile(PART + r'\.json')
+# what a store's folder holds: parts' files, and the locks and temporaries of parts being written
+PART_FILE = re.compile(r'\.?' + PART + r'\..+')
 CHECKSUMS = '.crc32c'  # a split file's checksums: the CRC32C of each of its blocks, '<u4'
 BLOCK_BYTES = 4096  # a window (1.1 KB at 512/114) touches one or two such blocks
 VERIFY_BLOCKS = 4096  # blocks `Store.verify` reads at a time (16 MiB)

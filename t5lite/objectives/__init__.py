@@ -1,5 +1,6 @@
 """The registry of objectives: `data.objective` -> the one object that owns an objective's data,
-features, settings and loss (`base.Objective`), and the loss a run trains with.
+features, settings and loss (`base.Objective`), and the loss a run trains with. Mixtures of them
+are the input pipeline's (t5lite/inputs/mixture.py), which imports this, not the other way.
 
 Adding an objective: its module here (a `base.Objective` subclass), one line in OBJECTIVES,
 a preset in configs/ and its test.
@@ -7,7 +8,6 @@ a preset in configs/ and its test.
 
 import ml_collections
 
-from t5lite.data import mixture
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import bart
 from t5lite.objectives import base
@@ -39,39 +39,7 @@ def get(name: str) -> Objective:
   return OBJECTIVES[name]
 
 
-def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict,
-                                                               Objective]]:
-  """What the rows are made of: a mixture's components sorted by name, each (name, its data
-  settings: `mixture.component_data`, its objective), or [('', data, data.objective's)]. One line,
-  naming the component, for an objective that is unknown, takes no mode, computes another loss
-  than data.objective's or does not make its features at the run's lengths."""
-  main = get(data.objective)
-  if not data.get('mixture'):
-    _check_mode(data, main, 'data')
-    return [('', data, main)]
-  declared, listed = main.features(data), []
-  for name in sorted(data.mixture):
-    where = f'data.mixture.{name}'
-    view = mixture.component_data(data, name)
-    if view.objective not in OBJECTIVES:
-      raise ValueError(f'{where}.objective={view.objective!r} is not one of '
-                       f'{", ".join(OBJECTIVES)}')
-    objective = OBJECTIVES[view.objective]
-    _check_mode(view, objective, where)
-    if type(objective).loss is not type(main).loss:
-      raise ValueError(f'{where}.objective={objective.name!r} computes another loss than '
-                       f'data.objective={main.name!r}; a mixture trains one loss')
-    features = objective.features(view)
-    if features != declared:
-      differ = sorted(set(features.items()) ^ set(declared.items()))[0][0]
-      raise ValueError(f'{where}.objective={objective.name!r} makes other features than '
-                       f'data.objective={main.name!r} at the run\'s lengths ({differ}); every '
-                       'component must give the same')
-    listed.append((name, view, objective))
-  return listed
-
-
-def _check_mode(data: ml_collections.ConfigDict, objective: Objective, where: str) -> None:
+def check_mode(data: ml_collections.ConfigDict, objective: Objective, where: str) -> None:
   """A mode (UL2's, the text inputs start with) only for objectives that carry one per row."""
   if data.get('mode') and 'mode' not in objective.row_settings:
     take = [name for name, known in OBJECTIVES.items() if 'mode' in known.row_settings]
@@ -80,16 +48,12 @@ def _check_mode(data: ml_collections.ConfigDict, objective: Objective, where: st
 
 
 def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Objective:
-  """`config`'s objective, checked against its model and settings, and every mixture
-  component's: one line if they cannot work together, before a run reads data or compiles
-  anything."""
+  """`config`'s objective, checked against its model and settings: one line if they cannot work
+  together, before a run reads data or compiles anything. (A mixture's components are checked
+  with theirs by t5lite/inputs/mixture.py: `check_objectives`.)"""
   objective = get(config.data.objective)
+  check_mode(config.data, objective, 'data')
   objective.check(config, model_cfg)
-  for name, _, component in components(config.data):
-    try:
-      component.check(config, model_cfg)
-    except ValueError as error:
-      raise ValueError(f'data.mixture.{name}: {error}') from None
   distillation.check(config, objective)
   return objective
 
@@ -104,5 +68,5 @@ def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
   return objective.loss(model_cfg, config.train, exact_match=exact_match)
 
 
-__all__ = ['OBJECTIVES', 'Loss', 'Objective', 'base', 'components', 'for_run', 'get',
+__all__ = ['OBJECTIVES', 'Loss', 'Objective', 'base', 'check_mode', 'for_run', 'get',
            'make_loss']

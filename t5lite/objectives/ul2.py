@@ -2,7 +2,7 @@
 encoder-decoder, objective `seq2seq_lm`.
 
 UL2 trains a T5 v1.1 encoder-decoder on seven denoisers of one corpus, each a component of
-`data.mixture` (t5lite/data/mixture.py) with its own objective, settings and mode token, the
+`data.mixture` (t5lite/inputs/mixture.py) with its own objective, settings and mode token, the
 text its inputs start with:
 
   component   objective         (noise density, mean span)   mode    UL2     UL2R

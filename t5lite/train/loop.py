@@ -24,13 +24,13 @@ from t5lite import files
 from t5lite import lock as lock_lib
 from t5lite import outputs
 from t5lite import paths
-from t5lite.data import batches as batches_lib
+from t5lite.inputs import batches as batches_lib
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
+from t5lite.train import metrics as metrics_lib
 from t5lite.train import preemption
 from t5lite.train import run as run_lib
 from t5lite.train import state as state_lib
-from t5lite.train import metrics as metrics_lib
 
 # What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
 WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,

@@ -18,8 +18,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5lite import config as config_lib
 from t5lite import objectives
-from t5lite.data import batches as batches_lib
 from t5lite.data import vocabulary
+from t5lite.inputs import batches as batches_lib
+from t5lite.inputs import mixture
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import distillation
 from t5lite.train import checkpoint as checkpoint_lib
@@ -132,6 +133,7 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
     check_vocabulary(vocabulary.load_vocabulary(config.data.vocabulary), model_cfg,
                      f'data.vocabulary={config.data.vocabulary!r}')
   objectives.for_run(config, model_cfg)
+  mixture.check_objectives(config, model_cfg)
   rules = mesh_lib.rule_table(config.mesh.rules)
   mesh = mesh_lib.make_mesh(config.mesh) if mesh is None else mesh
   check_attention(model_cfg, mesh)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / 'bench'))
 
 def test_the_pipelines_are_one_source_three_components_and_ul2():
   import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
-  from t5lite.data import batches  # pylint: disable=import-outside-toplevel
+  from t5lite.inputs import batches  # pylint: disable=import-outside-toplevel
   counts = {}
   for name in mixture.PIPELINES:
     data = mixture.pipeline_data(name, 128)
@@ -38,11 +38,11 @@ def test_the_diagnostic_pipelines_differ_from_each_other_only_in_their_rows_leng
   """--diagnose: six components of R's span corruption alike, or with modes of 0, 1 and 2 texts
   (so of three raw lengths); nothing else differs."""
   import mixture  # pylint: disable=import-outside-toplevel  # bench/mixture.py
-  from t5lite import objectives  # pylint: disable=import-outside-toplevel
+  from t5lite.inputs import mixture as mixture_lib  # pylint: disable=import-outside-toplevel
   lengths, settings = {}, {}
   for name in mixture.DIAGNOSTIC_MODES:
     data = mixture.pipeline_data(name, 512)
-    components = objectives.components(data)
+    components = mixture_lib.components(data)
     lengths[name] = [objective.raw_length(view) for _, view, objective in components]
     settings[name] = {(objective.name, view.noise_density, view.mean_noise_span_length,
                        data.mixture[component].weight)

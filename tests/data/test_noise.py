@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import batches
 from t5lite.data import noise
 from t5lite.data import packing
-from t5lite.data import pipeline
 from t5lite.data import store
+from t5lite.inputs import batches
+from t5lite.inputs import pipeline
 
 MASK, CLS, SEP = 8099, 8098, 8097  # <extra_id_0, 1, 2> of the bundled 8,100-id vocabulary
 NUM_PIECES = 8000

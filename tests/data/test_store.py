@@ -19,9 +19,9 @@ import pytest
 import zstandard
 
 from t5lite import cli
-from t5lite.data import batches
 from t5lite.data import store
 from t5lite.data import vocabulary
+from t5lite.inputs import batches
 from tests.fs import changes, snapshot
 from tests.test_cli_mistakes import DISK_MIB, small_disk  # pylint: disable=unused-import
 from tests.train.test_loop import SMALL, metrics, train

@@ -3,7 +3,7 @@ SIGTERM to one stops both after the same step, saved once; the run resumes bitwi
 processes, and its checkpoint in one process of four devices, which trains as the two do.
 Synthetic batches: what is tested is the stop and the checkpoint, and a process that reads no
 text never imports TensorFlow (the text pipeline's shares of a batch on any process count are
-tests/data/test_pipeline.py's).
+tests/inputs/test_pipeline.py's).
 
 The runs share a persistent compilation cache, so each run after the first skips most of the
 compile.

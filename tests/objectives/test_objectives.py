@@ -14,9 +14,9 @@ from t5lite import config as config_lib
 from t5lite import models
 from t5lite import objectives
 from t5lite.commands import plan
-from t5lite.data import batches
 from t5lite.data import noise
 from t5lite.data import packing
+from t5lite.inputs import batches
 from t5lite.objectives import base
 from t5lite.train import mesh as mesh_lib
 

@@ -12,10 +12,10 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite import objectives
-from t5lite.data import batches
-from t5lite.data import mixture
-from t5lite.data import pipeline
 from t5lite.data import vocabulary
+from t5lite.inputs import batches
+from t5lite.inputs import mixture
+from t5lite.inputs import pipeline
 from t5lite.objectives import span_corruption
 from t5lite.objectives import ul2
 
@@ -159,7 +159,7 @@ def test_the_six_span_corruption_denoisers_are_read_in_one_chain():
   """Their noise and mode are `row_settings`: each chunk carries its own (the rows' statistics
   per denoiser are checked above), so UL2 is two tf.data chains, not seven."""
   data = config_lib.load(os.path.join(ROOT, 'configs', 'ul2_tiny.py')).data
-  groups = pipeline._groups(objectives.components(data))
+  groups = pipeline._groups(mixture.components(data))
   assert [[name for _, (name, *_) in group] for group in groups] == [
       ['r_3_15', 'r_8_15', 'x_3_50', 'x_64_15', 'x_64_50', 'x_8_50'], ['s']]
 

@@ -7,7 +7,7 @@
 `data.source='synthetic'` makes random tokens in the objective's exact features and shapes,
 here and without TensorFlow (as MaxText's synthetic dataset): to measure a step, or to try a
 config before its data is prepared. Every other source is text through the input pipeline
-(t5lite/data/pipeline.py), the one place TensorFlow is imported.
+(t5lite/inputs/pipeline.py), the one place TensorFlow is imported.
 
 Synthetic batch k is a function of (data.seed, split, k) alone, each row drawn from its own
 generator, so that the processes' batches together are the one-process batch. Within a row,
@@ -24,8 +24,8 @@ import numpy as np
 
 from t5lite import objectives
 from t5lite import outputs
-from t5lite.data import mixture
 from t5lite.data import vocabulary
+from t5lite.inputs import mixture
 from t5lite.token_ids import PAD_ID, UNK_ID
 
 SYNTHETIC = 'synthetic'
@@ -61,7 +61,7 @@ def make_batches(data: ml_collections.ConfigDict, split: str = 'train', *,
                      'by t5lite before 2026-11-26); start a new run from a token store '
                      '(t5lite prepare) or from the same source')
   if data.source != SYNTHETIC or data.get('mixture'):
-    from t5lite.data import pipeline  # pylint: disable=import-outside-toplevel  # TensorFlow's
+    from t5lite.inputs import pipeline  # pylint: disable=import-outside-toplevel  # TensorFlow's
     return pipeline.make_pipeline(data, split, share=share, first_batch=position)
   objective = objectives.get(data.objective)
   objective.raw_length(data)  # the lengths' own checks, as for text

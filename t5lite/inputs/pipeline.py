@@ -17,13 +17,13 @@ examples, whatever the size of the tokens.
 
 `data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
 the transform that noises it, the packed rows' lengths and the feature converter; every batch
-holds exactly the features it declares. A mixture (t5lite/data/mixture.py) reads its
+holds exactly the features it declares. A mixture (t5lite/inputs/mixture.py) reads its
 components' streams by the schedule in one chain of tf.data ops per objective and settings, each
 row from the chain of its component, in the schedule's order. Settings an objective lets vary
 row by row (its `row_settings`: span corruption's noise and mode) do not split a chain: each
 chunk carries its stream's values. So corpora mixed under one objective are one chain, and UL2's
 seven denoisers two (six span corruptions, one prefix LM). The run's objective converts them
-all, so every component must make its features (`objectives.components`).
+all, so every component must make its features (`mixture.components`).
 
 TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data runs on
 `data.threads` threads per process.
@@ -42,10 +42,10 @@ import numpy as np
 from t5lite.data.tf_setup import plain, tf
 
 from t5lite import objectives
-from t5lite.data import mixture
 from t5lite.data import packing
 from t5lite.data import store
 from t5lite.data import vocabulary
+from t5lite.inputs import mixture
 from t5lite.token_ids import PAD_ID
 
 READ_EXAMPLES = 512  # examples whose tokens one call reads
@@ -105,7 +105,7 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
     mixture.check_components(data.mixture)
     weights = {name: component.weight for name, component in data.mixture.items()}
     segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
-  groups = _groups(objectives.components(data))
+  groups = _groups(mixture.components(data))
   chains = [_group_rows(group, split, vocab, share, first_batch, segment, alone=len(groups) == 1)
             for group in groups]
   rows = chains[0]

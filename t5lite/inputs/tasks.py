@@ -36,9 +36,9 @@ from t5lite.data.tf_setup import tf
 from t5lite import files
 from t5lite import paths
 from t5lite.data import packing
-from t5lite.data import batches
 from t5lite.data import sources
 from t5lite.data import vocabulary
+from t5lite.inputs import batches
 
 SENTIMENT = 'sentiment'
 SENTIMENT_FILE = 'movie_review_sentiment.tsv'

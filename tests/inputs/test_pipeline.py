@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import batches
-from t5lite.data import pipeline
 from t5lite.data import store
+from t5lite.inputs import batches
+from t5lite.inputs import pipeline
 from t5lite.objectives import span_corruption
 
 FEATURES = ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions',

@@ -13,10 +13,10 @@ out by smooth weighted round-robin (nginx's): every position adds each component
 credit and takes the component of most credit, which pays L. So every prefix of a cycle, and any
 window of rows, holds each component within about one row of its share, not the ±sqrt(n) of
 sampling rows i.i.d.; and row r of a segment is component[r % L], that component's example
-(r // L) * rows_c + rank[r % L] (t5lite/data/pipeline.py computes it in TF): O(1), stateless,
+(r // L) * rows_c + rank[r % L] (t5lite/inputs/pipeline.py computes it in TF): O(1), stateless,
 the same on any process count.
 
-Each component is indexed as a single source is (t5lite/data/pipeline.py): its example j is chunk
+Each component is indexed as a single source is (t5lite/inputs/pipeline.py): its example j is chunk
 index_shuffle(j mod N_c) of its epoch j // N_c, keyed by (seed, component name).
 
 Reweighting. A pipeline's position (`state()`, saved per process in checkpoints) holds, besides
@@ -33,6 +33,8 @@ import sys
 import ml_collections
 import numpy as np
 
+from t5lite import objectives
+
 FIRST_CYCLE = 1024  # rows of the shortest cycle; doubled while a component would get none
 MAX_CYCLE = 1 << 20  # longest cycle: a weight below 1/MAX_CYCLE of the total is refused
 ROW = 'segment_row'  # position keys: the segment's first row, and per component:
@@ -48,7 +50,7 @@ COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
 
 def check_components(components: ml_collections.ConfigDict) -> None:
   """Refuses, in one line naming it, a component that cannot be mixed; its objective is checked
-  with the model's (t5lite/objectives: `components`)."""
+  with the model's (`components`, `check_objectives`)."""
   for name, component in components.items():
     where = f'config.data.mixture.{name}'
     if not name or '.' in name:
@@ -76,6 +78,50 @@ def check_components(components: ml_collections.ConfigDict) -> None:
     if not component.get('mean_noise_span_length', 1.0) > 0:
       raise ValueError(f'{where}.mean_noise_span_length={component.mean_noise_span_length} '
                        'must be positive')
+
+
+def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict,
+                                                               objectives.Objective]]:
+  """What the rows are made of: a mixture's components sorted by name, each (name, its data
+  settings: `component_data`, its objective), or [('', data, data.objective's)]. One line,
+  naming the component, for an objective that is unknown, takes no mode, computes another loss
+  than data.objective's or does not make its features at the run's lengths."""
+  main = objectives.get(data.objective)
+  if not data.get('mixture'):
+    objectives.check_mode(data, main, 'data')
+    return [('', data, main)]
+  declared, listed = main.features(data), []
+  for name in sorted(data.mixture):
+    where = f'data.mixture.{name}'
+    view = component_data(data, name)
+    if view.objective not in objectives.OBJECTIVES:
+      raise ValueError(f'{where}.objective={view.objective!r} is not one of '
+                       f'{", ".join(objectives.OBJECTIVES)}')
+    objective = objectives.OBJECTIVES[view.objective]
+    objectives.check_mode(view, objective, where)
+    if type(objective).loss is not type(main).loss:
+      raise ValueError(f'{where}.objective={objective.name!r} computes another loss than '
+                       f'data.objective={main.name!r}; a mixture trains one loss')
+    features = objective.features(view)
+    if features != declared:
+      differ = sorted(set(features.items()) ^ set(declared.items()))[0][0]
+      raise ValueError(f'{where}.objective={objective.name!r} makes other features than '
+                       f'data.objective={main.name!r} at the run\'s lengths ({differ}); every '
+                       'component must give the same')
+    listed.append((name, view, objective))
+  return listed
+
+
+def check_objectives(config: ml_collections.ConfigDict, model_cfg) -> None:
+  """Each component's objective against the run's model and settings, as `objectives.for_run`
+  checks data.objective's: one line naming the component."""
+  if not config.data.get('mixture'):
+    return
+  for name, _, objective in components(config.data):
+    try:
+      objective.check(config, model_cfg)
+    except ValueError as error:
+      raise ValueError(f'data.mixture.{name}: {error}') from None
 
 
 def component_data(data: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

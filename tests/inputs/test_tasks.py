@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite.data import tasks
 from t5lite.data import vocabulary
+from t5lite.inputs import tasks
 
 
 def task_data(task, **overrides):

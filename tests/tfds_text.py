@@ -1,11 +1,8 @@
-"""Shared data fixtures: small configs, and a tiny TFDS dataset prepared offline in a temp dir."""
+"""A tiny TFDS dataset of random documents, built offline (the `tfds_dir` fixture prepares it)."""
 
 import numpy as np
-import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-
-from t5lite import config as config_lib
 
 WORDS = ('the whale ship sea captain mind letter house sister ball dance carriage harpoon '
          'congress nation people war peace union states money law year great').split()
@@ -40,22 +37,3 @@ class T5liteTestText(tfds.core.GeneratorBasedBuilder):
       documents = [d if i % 10 else '' for i, d in enumerate(random_documents(150))]
     for i, text in enumerate(documents):
       yield i, {'text': text, 'id': i}
-
-
-@pytest.fixture(scope='session')
-def tfds_dir(tmp_path_factory):
-  """A TFDS data_dir holding t5lite_test_text/short and t5lite_test_text/empty, prepared here."""
-  data_dir = str(tmp_path_factory.mktemp('tfds'))
-  for name in ('short', 'empty'):
-    T5liteTestText(config=name, data_dir=data_dir).download_and_prepare()
-  return data_dir
-
-
-@pytest.fixture
-def small_data():
-  """Makes data configs with short sequences and small batches, so that tests take seconds."""
-  def make(**overrides):
-    data = config_lib.base_config().data
-    data.update(dict(inputs_length=64, targets_length=16, batch_size=8, threads=2), **overrides)
-    return data
-  return make

@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from t5lite import cli
 from t5lite import config as config_lib
-from t5lite.data import batches
-from t5lite.data import mixture
-from t5lite.data import pipeline
+from t5lite.inputs import batches
+from t5lite.inputs import mixture
+from t5lite.inputs import pipeline
 from tests.train.test_loop import SMALL
 
 WORDS = ('the whale ship sea captain mind letter house sister ball dance carriage harpoon '

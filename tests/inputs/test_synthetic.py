@@ -11,8 +11,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from t5lite import config as config_lib
-from t5lite.data import batches
 from t5lite.data import vocabulary
+from t5lite.inputs import batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, 'configs', 't5_tiny.py')
