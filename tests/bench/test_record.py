@@ -1,5 +1,6 @@
 """The benchmark record: bench lines become rows with their context, a row without a required key
-is refused, and bench/run_all.py appends a bench's rows (a fake bench in a copy of bench/, no real benchmark run)."""
+is refused, BENCHMARKS.md is what the rows in bench/results/ generate, and bench/run_all.py
+appends a bench's rows (a fake bench in a copy of bench/: no real benchmark runs)."""
 
 import json
 import pathlib
@@ -62,6 +63,15 @@ def test_the_latest_figure_is_current_and_gpus_come_first():
   assert '| `fake` step_s | 0.4 s |  | test box |  | 2026-11-22 |  | [1] |' in text
   assert '0.45 s' not in text and '0.5 s' not in text
   assert text.endswith('Commands:\n\n1. `python bench/fake.py`\n')
+
+
+def test_benchmarks_md_is_what_the_record_generates():
+  rows = record.read()
+  assert len(rows) >= 200
+  on_h100 = [r for r in record.current(rows) if 'H100' in r['machine']]
+  assert on_h100 and record.current(rows)[0] is on_h100[0]
+  assert (ROOT / 'BENCHMARKS.md').read_text(encoding='utf-8') == record.table(rows), (
+      'BENCHMARKS.md differs from the record: python bench/record.py --table')
 
 
 def test_run_all_appends_a_benchs_rows_and_rewrites_the_table(tmp_path):
