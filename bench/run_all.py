@@ -25,7 +25,8 @@ import record
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
-NOT_BENCHES = ('run_all.py', 'record.py')  # this runner and the record's module
+# this runner, the record's module, and a tool that reads the traces bench/gpu.py leaves
+NOT_BENCHES = ('run_all.py', 'record.py', 'step_profile.py')
 
 
 def benchmarks(only: str | None) -> list[str]:
