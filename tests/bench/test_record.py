@@ -96,3 +96,21 @@ def test_run_all_appends_a_benchs_rows_and_rewrites_the_table(tmp_path):
       r['machine'] and r['load'] and r['date'] for r in rows)
   table = (tmp_path / 'BENCHMARKS.md').read_text(encoding='utf-8')
   assert table.count('| `fake` ') == 2 and '| 0.25 s |' in table and '| 0.5 MFU |' in table
+
+
+def test_add_records_lines_made_elsewhere_under_their_file_name(tmp_path, monkeypatch):
+  monkeypatch.setattr(record, 'RESULTS', str(tmp_path / 'results'))
+  lines = tmp_path / 'gpu.jsonl'
+  lines.write_text(json.dumps({'bench': 'gpu', 'backend': 'gpu'}) + '\n' + json.dumps(
+      {'bench': 'gpu_speed', 'model': 't5_1_1_base', 'change': 'model.attention=cudnn',
+       'batch_size': 128, 'step_s': 0.2261, 'mfu': 0.2432, 'peak_flops': 989e12}) + '\n',
+                   encoding='utf-8')
+  record.main(['--add', str(lines), '--machine', '1x H100', '--command', 'python bench/gpu.py',
+               '--date', '2026-11-27T14:50Z', '--commit', 'abc1234'])
+  rows = record.read(str(tmp_path / 'results'))
+  assert [(r['metric'], r['value'], r['unit']) for r in rows] == [('step_s', 0.2261, 's'),
+                                                                 ('mfu', 0.2432, 'MFU')]
+  assert rows[0] == {'bench': 'gpu_speed', 'metric': 'step_s', 'value': 0.2261, 'unit': 's',
+                     'machine': '1x H100', 'load': None, 'commit': 'abc1234',
+                     'date': '2026-11-27T14:50Z', 'command': 'python bench/gpu.py',
+                     'setting': 'model=t5_1_1_base, change=model.attention=cudnn, batch_size=128'}
