@@ -34,7 +34,7 @@ OPTIONAL = ('setting', 'target', 'notes')  # notes: the docs/notes page that tel
 CONTEXT = {'bench', 'date', 'cpu', 'cores', 'jax', 'load_avg_1m', 'load_average', 'device',
            'png', 'workdir', 'peak_flops', 'peak_source', 'peak_flops_source'}
 # the unit of a figure, from its key: the first pattern found in any part of its dotted path
-UNITS = ((r'([a-z]+)_per_cpu_s', r'\1/CPU-s'), (r'([a-z]+)_per_s', r'\1/s'),
+UNITS = ((r'([a-z]+)_per_cpu_s($|_)', r'\1/CPU-s'), (r'([a-z]+)_per_s($|_)', r'\1/s'),
          (r'(^|_)ms($|_)', 'ms'), (r'(^|_)(s|seconds)($|_)', 's'), (r'mib', 'MiB'),
          (r'gib', 'GiB'), (r'mfu', 'MFU'), (r'flops', 'FLOP'),
          (r'ratio|speedup|_vs_|accuracy|loss|gap', ''))
