@@ -30,10 +30,12 @@ TABLE = os.path.join(ROOT, 'BENCHMARKS.md')
 
 REQUIRED = ('bench', 'metric', 'value', 'unit', 'machine', 'load', 'commit', 'date', 'command')
 OPTIONAL = ('setting', 'target', 'notes')  # notes: the docs/notes page that tells the story
-# a line's keys that say where and when it ran, not what: the row's context has them
-CONTEXT = {'bench', 'date', 'cpu', 'cores', 'jax', 'load_avg_1m', 'load_average', 'device',
+# a line's keys that say where and when it ran, not what: the row's context has them; `units`
+# names the unit of figures whose keys say none ({'saved_step': 'step'})
+CONTEXT = {'bench', 'units', 'date', 'cpu', 'cores', 'jax', 'load_avg_1m', 'load_average', 'device',
            'png', 'workdir', 'peak_flops', 'peak_source', 'peak_flops_source'}
-# the unit of a figure, from its key: the first pattern found in any part of its dotted path
+# the unit of a figure, from its key: the first pattern found in the outermost part of its dotted
+# path that has one (ratio.examples_per_s is a ratio, examples_per_s.t5lite a rate)
 UNITS = ((r'([a-z]+)_per_cpu_s($|_)', r'\1/CPU-s'), (r'([a-z]+)_per_s($|_)', r'\1/s'),
          (r'(^|_)ms($|_)', 'ms'), (r'(^|_)(s|seconds)($|_)', 's'), (r'mib', 'MiB'),
          (r'gib', 'GiB'), (r'mfu', 'MFU'), (r'flops', 'FLOP'),
@@ -43,8 +45,8 @@ GPUS = ('H100', 'H200')
 
 def unit(path: str) -> str | None:
   """The unit of the figure at `path` (dotted keys), or None for a setting such as batch_size."""
-  for pattern, name in UNITS:
-    for part in reversed(path.split('.')):
+  for part in path.split('.'):
+    for pattern, name in UNITS:
       found = re.search(pattern, part)
       if found:
         return found.expand(name)
@@ -63,13 +65,15 @@ def flatten(line: dict, prefix: str = '') -> dict:
 
 
 def rows(line: dict, context: dict) -> list[dict]:
-  """A row per figure of one bench line: its numbers with a unit, the rest of the line (model,
-  batch, ...) as the rows' setting, and `context`'s machine, load, commit, date and command."""
+  """A row per figure of one bench line: its numbers with a unit (the line's `units`, else the
+  key's), the rest of the line (model, batch, ...) as the rows' setting, and `context`'s machine,
+  load, commit, date and command."""
   flat = flatten({k: v for k, v in line.items() if k not in CONTEXT})
+  units = {k: line.get('units', {}).get(k, unit(k)) for k in flat}
   figures = {k: v for k, v in flat.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and unit(k) is not None}
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and units[k] is not None}
   setting = ', '.join(f'{k}={v}' for k, v in flat.items() if k not in figures and v is not None)
-  made = [{'bench': line['bench'], 'metric': k, 'value': v, 'unit': unit(k), **context,
+  made = [{'bench': line['bench'], 'metric': k, 'value': v, 'unit': units[k], **context,
            **({'setting': setting} if setting else {})} for k, v in figures.items()]
   for row in made:
     check(row)

@@ -28,6 +28,8 @@ def test_a_line_becomes_a_row_per_figure_with_its_setting_and_context():
           'step_s': 0.25, 'tokens_per_s': 1234.5, 'ratio_to_single': {'ul2': 0.93},
           'fwd_bwd_ms': 5.04, 'peak_memory_gib': 22.75, 'mfu': 0.243, 'losses': [9.5, 9.4],
           'train_flops_per_step': 1.6e11, 'examples_per_cpu_s': {'store': 4377.0},
+          'ratio': {'examples_per_s': 2.17}, 'after_step': 3, 'saved_step': 5,
+          'units': {'saved_step': 'step'},
           'date': '2026-11-28T08:00:00Z', 'cpu': 'AMD EPYC', 'cores': 2}
   made = record.rows(line, WHERE)
   assert [(r['metric'], r['value'], r['unit']) for r in made] == [
@@ -35,8 +37,10 @@ def test_a_line_becomes_a_row_per_figure_with_its_setting_and_context():
       ('ratio_to_single.ul2', 0.93, ''), ('fwd_bwd_ms', 5.04, 'ms'),
       ('peak_memory_gib', 22.75, 'GiB'), ('mfu', 0.243, 'MFU'),
       ('train_flops_per_step', 1.6e11, 'FLOP'),
-      ('examples_per_cpu_s.store', 4377.0, 'examples/CPU-s')]
-  assert {r['setting'] for r in made} == {'model=t5_tiny, batch_size=8, scan_layers=True'}
+      ('examples_per_cpu_s.store', 4377.0, 'examples/CPU-s'), ('ratio.examples_per_s', 2.17, ''),
+      ('saved_step', 5, 'step')]
+  assert {r['setting'] for r in made} == {
+      'model=t5_tiny, batch_size=8, scan_layers=True, after_step=3'}
   assert all(r['bench'] == 'fake' and r['date'] == '2026-11-28T09:00Z'
              and r['commit'] == 'abc1234' for r in made)
 
