@@ -77,6 +77,7 @@ def test_benchmarks_md_is_what_the_record_generates():
   assert len(rows) >= 200
   on_h100 = [r for r in record.current(rows) if 'H100' in r['machine']]
   assert on_h100 and record.current(rows)[0] is on_h100[0]
+  assert all((ROOT / row['notes']).exists() for row in rows if row.get('notes'))
   assert (ROOT / 'BENCHMARKS.md').read_text(encoding='utf-8') == record.table(rows), (
       'BENCHMARKS.md differs from the record: python bench/record.py --table')
 
