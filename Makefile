@@ -2,7 +2,7 @@
 #   make demo   train t5_tiny on the bundled corpus for a few minutes on CPU, evaluate, export
 #   make test   the test suite (make test-fast skips tests marked slow)
 # and after `make demo`, `make finetune-demo`: the sentiment task from the demo model and from a
-# random init, same budget, and the naive Bayes baseline (BENCHMARKS.md has the numbers)
+# random init, same budget, and the naive Bayes baseline (BENCHMARKS.md has the figures)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin

@@ -7,8 +7,9 @@ its step goes.
 
 Each job runs in a child process of its own, with its own timeout, and appends its JSON lines to
 --out/gpu.jsonl as it goes (and prints them; children's stderr goes to --out/jobs.log): a crash,
-a hang or an out-of-memory costs that job one row with its error, not the call. The children
-share a persistent compilation cache. The jobs, in order:
+a hang or an out-of-memory costs that job one row with its error, not the call
+(`bench/record.py --add` puts that file's figures in the record). The children share a
+persistent compilation cache. The jobs, in order:
 - correctness (t5_tiny, two layers a stack): 5 float32 steps on the default device equal the CPU
   backend's (matmul precision 'highest', rtol 1e-4); bfloat16's losses within 2% of float32's
   over 50 steps memorising one batch; greedy decoding equals `transformers`' generate (on CUDA);

@@ -14,7 +14,7 @@ the loss summed over their target tokens as `t5lite train` evaluates.
 Prints a JSON line per evaluation (both sides' held-out losses, and the training losses of the
 step just taken), then a summary with the machine, and draws the held-out curves and their
 difference to a PNG (800 x 500). The defaults, 300 steps of t5_tiny at batch 16, took 30
-minutes on 2 cores shared at a load average of 5-7 (BENCHMARKS.md, 2026-11-26):
+minutes on 2 cores shared at a load average of 5-7 (docs/notes/train-step-cpu.md, 2026-11-26):
 
   python bench/learning_curve.py      # -> docs/images/learning_curve_t5_tiny.png
   python bench/learning_curve.py --config.train.steps=1000 --out=/tmp/curve.png

@@ -52,7 +52,7 @@ def main():
   held_out = splits['validation']
   correct = sum(predict(model, text) == label for text, label in held_out)
   majority = max(collections.Counter(label for _, label in held_out).values())
-  print(json.dumps({'benchmark': 'naive_bayes_sentiment', 'features': 'word 1-2 grams',
+  print(json.dumps({'bench': 'naive_bayes_sentiment', 'features': 'word 1-2 grams',
                     'train_examples': len(splits['train']), 'held_out_examples': len(held_out),
                     'accuracy': round(correct / len(held_out), 4),
                     'majority_class_accuracy': round(majority / len(held_out), 4)}))

@@ -104,7 +104,8 @@ def main() -> None:
       'saved_step': saved[-1] if saved else None, 'dispatched': len(losses),
       'seconds_signal_to_end': round(ended - signalled[0], 3) if signalled else None,
       'logged_step': logged[-1]['step'], 'step_seconds': logged[-1]['step_seconds'],
-      'device': str(loop.jax.devices()[0].device_kind)}), flush=True)
+      'device': str(loop.jax.devices()[0].device_kind),
+      'units': {'saved_step': 'step', 'dispatched': 'steps', 'logged_step': 'step'}}), flush=True)
   sys.exit(status)
 
 

@@ -1,8 +1,10 @@
-"""Runs every benchmark in bench/ and records its JSON lines in BENCHMARKS.md (`make bench`).
+"""Runs every benchmark in bench/ and records its figures in bench/results/ (`make bench`).
 
 Each `bench/*.py` prints one JSON line per measurement on stdout. This runner runs them one after
-another (never together: they would slow each other down), prints their lines and appends a dated
-section with the machine and the command to BENCHMARKS.md, so results keep their context.
+another (never together: they would slow each other down), prints their lines and appends a row
+per figure, with the machine, load, commit, date and command, to bench/results/NAME.jsonl
+(bench/record.py), so results keep their context. `python bench/record.py --table` then makes
+BENCHMARKS.md from the rows.
 
   python bench/run_all.py                      # all of them, recorded
   python bench/run_all.py --only train_step    # one (comma-separate several)
@@ -19,14 +21,18 @@ import shlex
 import subprocess
 import sys
 
+import record
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
+# this runner, the record's module, and a tool that reads the traces bench/gpu.py leaves
+NOT_BENCHES = ('run_all.py', 'record.py', 'step_profile.py')
 
 
 def benchmarks(only: str | None) -> list[str]:
-  """Paths of bench/*.py except this runner, all or the ones `only` names (without .py)."""
+  """Paths of bench/*.py but NOT_BENCHES, all or the ones `only` names (without .py)."""
   paths = sorted(p for p in glob.glob(os.path.join(BENCH_DIR, '*.py'))
-                 if os.path.abspath(p) != os.path.abspath(__file__))
+                 if os.path.basename(p) not in NOT_BENCHES)
   if not only:
     return paths
   wanted = only.split(',')
@@ -37,9 +43,12 @@ def benchmarks(only: str | None) -> list[str]:
   return [names[w] for w in wanted]
 
 
-def run(path: str) -> tuple[list[dict], int]:
-  """The JSON lines one benchmark printed and its exit status; its stderr passes through."""
+def run(path: str) -> tuple[list[dict], int, str]:
+  """The JSON lines one benchmark printed, its exit status and the load average over its run
+  (1-minute, at start and end); its stderr passes through."""
+  before = os.getloadavg()[0]
   done = subprocess.run([sys.executable, path], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  after = os.getloadavg()[0]
   rows = []
   for line in done.stdout.splitlines():
     try:
@@ -50,7 +59,7 @@ def run(path: str) -> tuple[list[dict], int]:
     if isinstance(row, dict):
       rows.append(row)
       print(line, flush=True)
-  return rows, done.returncode
+  return rows, done.returncode, f'{min(before, after):.1f}-{max(before, after):.1f}'
 
 
 def machine() -> str:
@@ -63,39 +72,30 @@ def machine() -> str:
   return f'{cpu_name}, {len(os.sched_getaffinity(0))} cores, {memory_kib / 2**20:.1f} GiB'
 
 
-def section(results: dict, command: str, started: datetime.datetime) -> str:
-  """A Markdown section: date, machine, command, then each benchmark's status and lines."""
-  lines = [f'## {started:%Y-%m-%d %H:%M} UTC', '',
-           f'Machine: {machine()}. Command: `{command}`.', '']
-  for path, (rows, status) in results.items():
-    name = os.path.relpath(path, ROOT)
-    lines.append(f'`{name}`: ' + ('ok' if status == 0 else f'failed (exit status {status})'))
-    if rows:
-      lines += ['', '```json', *(json.dumps(row) for row in rows), '```']
-    lines.append('')
-  return '\n'.join(lines) + '\n'
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--only', help='comma-separated benchmark names, e.g. train_step')
   parser.add_argument('--dry_run', action='store_true', help='print the commands, run nothing')
-  parser.add_argument('--out', default=os.path.join(ROOT, 'BENCHMARKS.md'),
-                      help='the Markdown file to append to')
   args = parser.parse_args(argv)
   paths = benchmarks(args.only)
   if args.dry_run:
     for path in paths:
       print(shlex.join([sys.executable, os.path.relpath(path, ROOT)]))
     return 0
-  started = datetime.datetime.now(datetime.timezone.utc)
-  results = {path: run(path) for path in paths}
-  flags = sys.argv[1:] if argv is None else argv
-  command = shlex.join(['python', 'bench/run_all.py', *flags])
-  with open(args.out, 'a', encoding='utf-8') as f:
-    f.write('\n' + section(results, command, started))
-  print(f'appended {sum(len(rows) for rows, _ in results.values())} lines to {args.out}')
-  return 0 if all(status == 0 for _, status in results.values()) else 1
+  statuses = []
+  for path in paths:
+    started = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%MZ')
+    lines, status, load = run(path)
+    command = shlex.join(['python', os.path.relpath(path, ROOT)])
+    new = [row for line in lines
+           for row in record.rows(line, record.context(machine(), command, load, started))]
+    name = os.path.splitext(os.path.basename(path))[0]
+    record.append(os.path.join(record.RESULTS, f'{name}.jsonl'), new)
+    print(f'{name}: exit status {status}, {len(new)} rows appended to bench/results/{name}.jsonl')
+    statuses.append(status)
+  record.write_table()
+  print(f'{os.path.relpath(record.TABLE, ROOT)}: the current figures, rewritten from the record')
+  return 0 if not any(statuses) else 1
 
 
 if __name__ == '__main__':

@@ -9,10 +9,11 @@ Three ways to know, the best available first:
 - otherwise (other GPUs, or no libtpu): an analytic estimate from the real per-leaf shardings of the
   train state (`state_spec`) and the activation count of `activation_bytes`.
 The analytic estimate is always computed, so a compiled plan shows both side by side. Against
-XLA (BENCHMARKS.md): state and batch agree to 0.1%; the total is within 10% for t5_tiny on a TPU
-v5e chip and 16-22% low for t5_1_1_base on v4-32 and v5e-256 (bfloat16, scanned, save_dots),
-where XLA also holds optimizer temporaries of the vocabulary matrices and packs its buffers
-loosely. XLA:CPU, which fuses little, keeps about twice the activations.
+XLA (BENCHMARKS.md, docs/notes/train-step-cpu.md): state and batch agree to 0.1%; the total is
+within 10% for t5_tiny on a TPU v5e chip and 16-22% low for t5_1_1_base on v4-32 and v5e-256
+(bfloat16, scanned, save_dots), where XLA also holds optimizer temporaries of the vocabulary
+matrices and packs its buffers loosely. XLA:CPU, which fuses little, keeps about twice the
+activations.
 
   t5lite plan --config=configs/t5_1_1_xl.py --topology=v4-32
 """
@@ -275,7 +276,7 @@ def peak_flops(topology: Topology, devices) -> float:
 
 # The MFU a step time is predicted at where --mfu is not given. GPU: what `t5lite train` reached
 # on t5_1_1_base (bfloat16, 512/114, batch 128, scanned, no remat) on one H200 on 2026-11-26
-# (bench/gpu.py's resume job; BENCHMARKS.md); with cuDNN attention, what its step reached on
+# (bench/gpu.py's resume job; docs/notes/gpu.md); with cuDNN attention, what its step reached on
 # one H100 (save_dots remat; t5_1_1_large 0.26). TPU and CPU: not measured by t5lite yet.
 DEFAULT_MFU = {'gpu': 0.16, 'tpu': 0.4, 'cpu': 0.4}
 CUDNN_GPU_MFU = 0.24

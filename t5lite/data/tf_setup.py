@@ -22,8 +22,8 @@ def _without(*modules: str):
   failing while TensorFlow is imported, that import takes a quarter less, and a command that
   reads text starts 9% sooner in 42 MiB less; without JAX, `t5lite prepare` loads no JAX at all
   (nor its gc callback, which a Ctrl-C can land in) and starts in 0.79 of the time in 109 MiB
-  less (BENCHMARKS.md). Afterwards each imports as usual, for whoever wants it; one imported
-  already is left as it is."""
+  less (docs/notes/input-pipeline.md, docs/notes/token-stores.md). Afterwards each imports as
+  usual, for whoever wants it; one imported already is left as it is."""
   blocked = [name for name in modules if name not in sys.modules]
   for name in blocked:
     sys.modules[name] = None  # `import name` raises ImportError

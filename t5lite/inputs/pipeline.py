@@ -252,7 +252,7 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
     # A block of rows, kept where their component is one of this chain's: each one's stream s
     # (its component's), the example's place i in it, and what `place` needs of the stream,
     # looked up on vectors (row by row, these lookups cost every pipeline, a single source's
-    # too, about 4% of its rate: BENCHMARKS.md).
+    # too, about 4% of its rate: docs/notes/input-pipeline.md).
     c, i = _locate(segment, rows)
     s = tf.gather(stream_of, c)
     kept = s >= 0
@@ -339,7 +339,7 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
   options.threading.max_intra_op_parallelism = 1
   # No tuning: every parallel map runs on the whole pool (the most tuning would give it), and no
   # iterator times each element for the tuner, which cost UL2's seven denoisers a tenth of their
-  # rate per CPU-second (BENCHMARKS.md).
+  # rate per CPU-second (docs/notes/input-pipeline.md).
   options.autotune.enabled = False
   options.autotune.initial_parallelism = threads
   return batches.prefetch(tf.data.AUTOTUNE).with_options(options)

@@ -58,7 +58,7 @@ class Dense(nnx.Module):
     in_size = math.prod(kernel.shape[:self.num_in])
     # (..., *in) -> (tokens, in) x (in, out) -> (..., *out): one 2-D matmul, so each weight
     # gradient contracts a single dimension and XLA:CPU copies no transposed activations
-    # (22% of a t5_tiny step on CPU; see BENCHMARKS.md).
+    # (22% of a t5_tiny step on CPU; see docs/notes/train-step-cpu.md).
     y = x.astype(self.dtype).reshape(-1, in_size) @ kernel.reshape(in_size, -1)
     y = y.reshape(*x.shape[:x.ndim - self.num_in], *kernel.shape[self.num_in:])
     if self.bias is not None:
