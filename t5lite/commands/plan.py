@@ -14,7 +14,7 @@ v5e chip and 16-22% low for t5_1_1_base on v4-32 and v5e-256 (bfloat16, scanned,
 where XLA also holds optimizer temporaries of the vocabulary matrices and packs its buffers
 loosely. XLA:CPU, which fuses little, keeps about twice the activations.
 
-  t5lite plan --config=configs/t5_1_1_xl.py --topology=v4-32
+  t5lite plan --config=t5_1_1_xl --topology=v4-32
 """
 
 import dataclasses

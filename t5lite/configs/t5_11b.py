@@ -1,6 +1,6 @@
 """T5 v1.0 11B (11.3B parameters): 128 heads of width 128 over d_model 1024.
 
-  t5lite train --config=configs/t5_11b.py --workdir=runs/t5_11b
+  t5lite train --config=t5_11b --workdir=runs/t5_11b
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.1 base (248M parameters).
 
-  t5lite train --config=configs/t5_1_1_base.py --workdir=runs/t5_1_1_base
+  t5lite train --config=t5_1_1_base --workdir=runs/t5_1_1_base
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.1 large (783M parameters).
 
-  t5lite train --config=configs/t5_1_1_large.py --workdir=runs/t5_1_1_large
+  t5lite train --config=t5_1_1_large --workdir=runs/t5_1_1_large
 """
 
 from t5lite import config as t5config

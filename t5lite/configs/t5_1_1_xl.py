@@ -1,6 +1,6 @@
 """T5 v1.1 XL (2.85B parameters).
 
-  t5lite train --config=configs/t5_1_1_xl.py --workdir=runs/t5_1_1_xl
+  t5lite train --config=t5_1_1_xl --workdir=runs/t5_1_1_xl
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.1 XXL (11.1B parameters).
 
-  t5lite train --config=configs/t5_1_1_xxl.py --workdir=runs/t5_1_1_xxl
+  t5lite train --config=t5_1_1_xxl --workdir=runs/t5_1_1_xxl
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.0 3B (2.85B parameters): 32 heads of width 128 over d_model 1024.
 
-  t5lite train --config=configs/t5_3b.py --workdir=runs/t5_3b
+  t5lite train --config=t5_3b --workdir=runs/t5_3b
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.0 base (223M parameters).
 
-  t5lite train --config=configs/t5_base.py --workdir=runs/t5_base
+  t5lite train --config=t5_base --workdir=runs/t5_base
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
 """T5 v1.0 large (738M parameters).
 
-  t5lite train --config=configs/t5_large.py --workdir=runs/t5_large
+  t5lite train --config=t5_large --workdir=runs/t5_large
 """
 
 from t5lite import config as t5config
