@@ -191,7 +191,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def presets() -> list[str]:
   """The names of the shipped presets, `--config=NAME` for t5lite/configs/NAME.py."""
-  return sorted(path.stem for path in PRESETS.glob('*.py') if not path.stem.startswith('_'))
+  return sorted(path.stem for path in PRESETS.glob('*.py'))
 
 
 def load(spec: str) -> ml_collections.ConfigDict:
