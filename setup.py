@@ -12,7 +12,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     python_requires='>=3.11',
     packages=setuptools.find_packages(include=['t5lite', 't5lite.*']),
-    package_data={'t5lite.data': ['bundled/*']},
+    # the presets, t5lite/configs/*.py, are data: files that `--config=NAME` loads, not modules
+    package_data={'t5lite.data': ['bundled/*'], 't5lite': ['configs/*.py']},
     install_requires=[
         f'jax[cpu]=={JAX}',
         'flax==0.12.8',

@@ -33,7 +33,7 @@ def load_run_config(args, overrides):
   if getattr(args, 'config', None):
     config = config_lib.load(args.config)
   elif not hasattr(args, 'workdir'):
-    raise ValueError('give --config=PRESET, e.g. --config=configs/t5_tiny.py')
+    raise ValueError('give --config=PRESET, e.g. --config=t5_tiny')
   else:
     config = config_lib.from_workdir(args.workdir)
   config_lib.override(config, overrides)
@@ -230,7 +230,8 @@ def parser() -> argparse.ArgumentParser:
              for name, (_, text) in COMMANDS.items()}
   for name in ('train', 'eval', 'data', 'export', 'plan'):
     parsers[name].add_argument(
-        '--config', help='preset file, e.g. configs/t5_tiny.py[:arg]'
+        '--config', help='a shipped preset, e.g. t5_tiny[:arg], or a preset file, path/to/'
+        'preset.py[:arg] (a file that exists wins over a preset of its name)'
         + ('' if name in ('data', 'plan') else "; default: the workdir's saved config.json"))
   for name in ('train', 'eval', 'export', 'import-hf', 'finetune', 'infer'):
     parsers[name].add_argument('--workdir', required=True, help=WORKDIR_HELP[name])

@@ -1,15 +1,18 @@
 """The run configuration: one ConfigDict of model / data / train / optim / mesh / checkpoint.
 
-Every preset in `configs/` starts from `base_config()` and changes what differs, so every value of
-a run is visible in one printed config and can be overridden as `--config.a.b=value`.
+Every preset in `t5lite/configs/` starts from `base_config()` and changes what differs, so every
+value of a run is visible in one printed config and can be overridden as `--config.a.b=value`.
 `validate()` turns a ConfigDict into checked, typed pieces before anything compiles.
 """
 
 import ast
 import dataclasses
+import importlib.machinery
 import importlib.util
 import json
 import os
+import pathlib
+import re
 import traceback
 
 import ml_collections
@@ -29,6 +32,8 @@ T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0
 # LayerNorm over the embeddings, biases, tied output embedding.
 BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-12,
             position='learned', embed_norm=True, use_bias=True, tie_embeddings=True, dropout=0.1)
+# The shipped presets, `--config=NAME` from any folder (installed with the package).
+PRESETS = pathlib.Path(__file__).parent / 'configs'
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -184,14 +189,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
 
 
+def presets() -> list[str]:
+  """The names of the shipped presets, `--config=NAME` for t5lite/configs/NAME.py."""
+  return sorted(path.stem for path in PRESETS.glob('*.py'))
+
+
 def load(spec: str) -> ml_collections.ConfigDict:
-  """Loads `path/to/preset.py` or `path/to/preset.py:arg` (arg goes to get_config, big_vision
-  style). Whatever goes wrong inside the file is one line naming it."""
+  """Loads `path/to/preset.py` or a shipped preset's NAME, either optionally followed by `:arg`
+  (arg goes to get_config, big_vision style). A file that exists wins over a preset of its name.
+  Whatever goes wrong inside the file is one line naming it."""
   path, _, arg = spec.partition(':')
+  if not os.path.exists(path) and re.fullmatch(r'\w+', path):
+    if path not in presets():
+      raise FileNotFoundError(
+          f'--config {path}: no such preset or file; presets: {", ".join(presets())}')
+    path = str(PRESETS / f'{path}.py')
   if not os.path.exists(path):
     raise FileNotFoundError(f'config file not found: {path}')
   files.check_file(path, '--config')
-  module_spec = importlib.util.spec_from_file_location(f'_t5lite_config_{abs(hash(path))}', path)
+  name = f'_t5lite_config_{abs(hash(path))}'
+  # a Python file whatever its name ends in: a `t5_tiny` of one's own wins over the preset
+  module_spec = importlib.util.spec_from_file_location(
+      name, path, loader=importlib.machinery.SourceFileLoader(name, path))
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)

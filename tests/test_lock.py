@@ -244,9 +244,14 @@ def test_only_process_0_takes_the_lock(tmp_path):
   workdir = tmp_path / 'run'
   with lock_lib.Lock(str(workdir), 't5lite train', enabled=False):
     assert not workdir.exists()
-  with holder(workdir):
-    with lock_lib.Lock(str(workdir), 't5lite train', enabled=False):
-      pass
+  with holder(workdir) as process:
+    record = read_lock(workdir)
+    assert record['pid'] == process.pid
+    with lock_lib.Lock(str(workdir), 't5lite train', enabled=False) as disabled:
+      assert read_lock(workdir) == record
+      assert disabled._heartbeat is None  # pylint: disable=protected-access
+    assert read_lock(workdir) == record  # its release left the holder's lock as it was
+    assert os.listdir(workdir) == [lock_lib.LOCK_NAME]
 
 
 def test_an_unwritable_workdir_is_refused_in_one_line(tmp_path):

@@ -15,7 +15,7 @@ within 10% for t5_tiny on a TPU v5e chip and 16-22% low for t5_1_1_base on v4-32
 matrices and packs its buffers loosely. XLA:CPU, which fuses little, keeps about twice the
 activations.
 
-  t5lite plan --config=configs/t5_1_1_xl.py --topology=v4-32
+  t5lite plan --config=t5_1_1_xl --topology=v4-32
 """
 
 import dataclasses

@@ -2,7 +2,7 @@
 
 Code that depends on the architecture reads a field of `family(cfg.arch)` (models/architecture.py)
 instead of switching on the name. Adding one takes its module (the model class and a `FAMILY`), a
-preset in configs/, a test, and one `register` line here.
+preset in t5lite/configs/, a test, and one `register` line here.
 """
 
 from flax import nnx

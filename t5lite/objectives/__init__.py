@@ -3,7 +3,7 @@ features, settings and loss (`base.Objective`), and the loss a run trains with. 
 are the input pipeline's (t5lite/inputs/mixture.py), which imports this, not the other way.
 
 Adding an objective: its module here (a `base.Objective` subclass), one line in OBJECTIVES,
-a preset in configs/ and its test.
+a preset in t5lite/configs/ and its test.
 """
 
 import ml_collections

@@ -35,6 +35,10 @@ def raw_examples(tokens: np.ndarray) -> tf.data.Dataset:
 
 
 def assert_equal_outputs(a, b):
+  """Equal arrays, as many and under the same keys: zip alone would pass a missing output."""
+  tf.nest.assert_same_structure(a, b, check_types=False)
+  if isinstance(a, dict):
+    assert sorted(a) == sorted(b)
   for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
     np.testing.assert_array_equal(x.numpy(), y.numpy())
 

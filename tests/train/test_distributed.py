@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from t5lite.train import distributed
@@ -39,7 +40,19 @@ def test_inconsistent_process_flags(kwargs, message):
     distributed.initialize(**kwargs)
 
 
-def test_a_single_process_without_a_cluster_does_nothing(monkeypatch):
-  for hint in distributed.CLUSTER_HINTS:
-    monkeypatch.delenv(hint, raising=False)
-  distributed.initialize()  # would raise if it tried to reach a coordinator
+@pytest.mark.parametrize('environment', [{}, {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '1'}],
+                         ids=['no cluster', 'one SLURM task'])
+def test_a_single_process_without_a_cluster_does_nothing(monkeypatch, environment):
+  for name in (*distributed.CLUSTER_HINTS, 'SLURM_NTASKS'):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setattr(distributed, 'wait_for_coordinator', lambda *args: calls.append(args))
+  distributed.initialize()
+  assert calls == []
+  assert (jax.process_count(), jax.process_index()) == (1, 0)
+  distributed.initialize(multihost=True)  # what it would have called
+  assert calls == [dict(coordinator_address=None, num_processes=None, process_id=None,
+                        initialization_timeout=300)]

@@ -6,7 +6,7 @@ multiple of 128); the data still comes through `data.vocabulary`. Sentences of e
 (split after '.', '!', '?'), then 30% of tokens masked in spans of Poisson(3) lengths, each span one
 <extra_id_0> (empty spans insert one); the decoder reconstructs the original chunk.
 
-  t5lite train --config=configs/bart_base.py --workdir=runs/bart_base
+  t5lite train --config=bart_base --workdir=runs/bart_base
 """
 
 from t5lite import config as t5config

@@ -6,7 +6,7 @@ parameters stay frozen. The student minimises, per target token, 0.5 x cross ent
 span-corruption targets + 0.5 x T^2 KL(teacher || student) at temperature T = 2 + 1.0 x
 (1 - cos) between the decoders' final hidden states (DistilBERT's cosine loss).
 
-  t5lite train --config=configs/t5_tiny_distill.py:runs/demo --workdir=runs/tiny_distill
+  t5lite train --config=t5_tiny_distill:runs/demo --workdir=runs/tiny_distill
 """
 
 import os

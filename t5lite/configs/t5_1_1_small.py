@@ -1,6 +1,6 @@
 """T5 v1.1 small (77M parameters).
 
-  t5lite train --config=configs/t5_1_1_small.py --workdir=runs/t5_1_1_small
+  t5lite train --config=t5_1_1_small --workdir=runs/t5_1_1_small
 """
 
 from t5lite import config as t5config

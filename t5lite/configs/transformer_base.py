@@ -6,7 +6,7 @@ ReLU, dropout 0.1, label smoothing 0.1; pretrained here with T5's span corruptio
 encoder, decoder and output, as the paper. Its schedule was linear warmup then 1/sqrt(step); here
 cosine after the same 4k-step warmup, peaking at the paper's d_model**-0.5 * 4000**-0.5 = 7e-4.
 
-  t5lite train --config=configs/transformer_base.py --workdir=runs/transformer_base
+  t5lite train --config=transformer_base --workdir=runs/transformer_base
 """
 
 from t5lite import config as t5config

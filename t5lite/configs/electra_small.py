@@ -12,7 +12,7 @@ embeddings projected to 256). Inputs are masked as `mlm`'s:
 Pretraining as the paper's Table 6: Adam, lr 5e-4, 10k warmup steps, weight decay 0.01,
 dropout 0.1, batch 128, 1M steps (the paper decays linearly, not cosine).
 
-  t5lite train --config=configs/electra_small.py --workdir=runs/electra_small
+  t5lite train --config=electra_small --workdir=runs/electra_small
 """
 
 from t5lite import config as t5config

@@ -3,9 +3,9 @@ mixture of seven denoisers of t5lite/objectives/ul2.py over `data.source`, with 
 UL2's lengths (512 inputs, 512 targets). `:ul2r` gives UL2R's rates (S 50%, R 25%, X 25%) in
 place of UL2's (S 20%).
 
-  t5lite train --config=configs/ul2_base.py --workdir=runs/ul2_base \
+  t5lite train --config=ul2_base --workdir=runs/ul2_base \
       --config.data.source=stores/c4
-  t5lite train --config=configs/ul2_base.py:ul2r --workdir=runs/ul2r_base --config.data.source=...
+  t5lite train --config=ul2_base:ul2r --workdir=runs/ul2r_base --config.data.source=...
 """
 
 import os

@@ -1,6 +1,6 @@
-"""T5 v1.1 base (248M parameters).
+"""T5 v1.0 base (223M parameters).
 
-  t5lite train --config=configs/t5_1_1_base.py --workdir=runs/t5_1_1_base
+  t5lite train --config=t5_base --workdir=runs/t5_base
 """
 
 from t5lite import config as t5config
@@ -9,10 +9,10 @@ from t5lite import config as t5config
 def get_config():
   config = t5config.base_config()
   config.model.update(
-      t5config.T5_1_1,
+      t5config.T5_1_0,
       vocab_size=32128,
       d_model=768,
-      d_ff=2048,
+      d_ff=3072,
       num_heads=12,
       d_kv=64,
       num_encoder_layers=12,

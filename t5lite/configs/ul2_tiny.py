@@ -1,7 +1,7 @@
 """UL2's mixture of denoisers (configs/ul2_base.py) on t5_tiny's model, for a CPU: 128 inputs and
 128 targets, as long as the 50% denoisers' need after the mode tokens. `:ul2r` for UL2R's rates.
 
-  t5lite train --config=configs/ul2_tiny.py --workdir=runs/ul2_tiny
+  t5lite train --config=ul2_tiny --workdir=runs/ul2_tiny
 """
 
 import os

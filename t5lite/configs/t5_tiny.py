@@ -3,7 +3,7 @@
 Uses the SentencePiece vocabulary trained on the bundled corpus (8,000 pieces + 100 sentinels,
 padded to 8,192) and short sequences, so that `make demo` shows the loss falling in a few minutes.
 
-  t5lite train --config=configs/t5_tiny.py --workdir=runs/tiny
+  t5lite train --config=t5_tiny --workdir=runs/tiny
 """
 
 from t5lite import config as t5config

@@ -10,7 +10,7 @@ with token-type embeddings for A and B; 15% of A and B selected, 80% <extra_id_0
 random / 10% kept, a new mask every epoch. Without next-sentence prediction (BertForMaskedLM):
 `--config.model.next_sentence=False --config.data.objective=mlm`.
 
-  t5lite train --config=configs/bert_base.py --workdir=runs/bert_base
+  t5lite train --config=bert_base --workdir=runs/bert_base
 """
 
 from t5lite import config as t5config

@@ -1,6 +1,6 @@
-"""T5 v1.1 XXL (11.1B parameters).
+"""T5 v1.1 large (783M parameters).
 
-  t5lite train --config=configs/t5_1_1_xxl.py --workdir=runs/t5_1_1_xxl
+  t5lite train --config=t5_1_1_large --workdir=runs/t5_1_1_large
 """
 
 from t5lite import config as t5config
@@ -11,9 +11,9 @@ def get_config():
   config.model.update(
       t5config.T5_1_1,
       vocab_size=32128,
-      d_model=4096,
-      d_ff=10240,
-      num_heads=64,
+      d_model=1024,
+      d_ff=2816,
+      num_heads=16,
       d_kv=64,
       num_encoder_layers=24,
       num_decoder_layers=24)

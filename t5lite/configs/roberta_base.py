@@ -8,7 +8,7 @@ masking (a new mask every epoch), full sentences packed across document boundari
 concatenated documents), no next-sentence prediction, 8k-sequence batches; and its MLM head's
 exact (erf) GELU.
 
-  t5lite train --config=configs/roberta_base.py --workdir=runs/roberta_base
+  t5lite train --config=roberta_base --workdir=runs/roberta_base
 """
 
 import os

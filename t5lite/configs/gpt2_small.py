@@ -6,7 +6,7 @@ padded to 50,304 (a multiple of 128, as nanoGPT); the data still comes through `
 --config.data.inputs_length=512 --config.data.targets_length=512` trains the same model as a prefix
 LM (bidirectional over a random-length prefix, loss on the rest).
 
-  t5lite train --config=configs/gpt2_small.py --workdir=runs/gpt2_small
+  t5lite train --config=gpt2_small --workdir=runs/gpt2_small
 """
 
 from t5lite import config as t5config

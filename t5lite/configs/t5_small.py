@@ -1,6 +1,6 @@
 """T5 v1.0 small (60.5M parameters).
 
-  t5lite train --config=configs/t5_small.py --workdir=runs/t5_small
+  t5lite train --config=t5_small --workdir=runs/t5_small
 """
 
 from t5lite import config as t5config
