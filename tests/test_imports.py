@@ -54,9 +54,11 @@ def test_token_ids_are_defined_once():
 # The floors, lowest first: a module imports only from its own floor and those below. The data
 # floor (text -> tokens) and the models know nothing of each other; objectives (tokens ->
 # examples) sit on both; the input pipeline (config -> batches) on the objectives; the run's
-# config on the input pipeline and the models; then training and export, the commands, the CLI.
+# config on the input pipeline and the models; then training, export and the presets (each a
+# get_config() over config's), the commands, the CLI.
 FLOORS = (('token_ids', 'paths', 'files', 'outputs', 'lock'), ('data', 'models'), ('objectives',),
-          ('inputs',), ('config',), ('train', 'export'), ('commands',), ('cli', '__main__'))
+          ('inputs',), ('config',), ('train', 'export', 'configs'), ('commands',),
+          ('cli', '__main__'))
 
 
 def import_graph() -> dict[str, set[str]]:
