@@ -365,11 +365,18 @@ def big_corpus(folder, files: int = 12, per_file: int = 600) -> str:
   return str(folder / '*.jsonl.gz')
 
 
+def ctrl_c_default():
+  """For a child to send Ctrl-C to: SIGINT as a terminal's foreground process has it, whatever
+  this process inherited (a shell's background job, `nohup`, ignores it, and so would the child)."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def tokenizing(source: str, out, python=('-m', 't5lite')) -> subprocess.Popen:
   """A process preparing `source` into `out` on one thread, once it is writing tokens."""
   process = subprocess.Popen([sys.executable, *python, 'prepare', f'--source={source}',
                               f'--out={out}', '--workers=1'], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=ctrl_c_default)
   deadline = time.monotonic() + 120
   while not any(f.stat().st_size for f in out.glob('.part-00000-of-00001.train.*.tmp')):
     assert process.poll() is None and time.monotonic() < deadline, process.communicate()

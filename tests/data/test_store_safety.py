@@ -17,7 +17,8 @@ from etils import epath
 
 from t5lite import cli
 from t5lite.data import store
-from tests.data.test_store import ROOT, big_corpus, documents, prepare, tokenizing
+from tests.data.test_store import (ROOT, big_corpus, ctrl_c_default, documents, prepare,
+                                   tokenizing)
 from tests.fs import changes, snapshot
 from tests.train.test_loop import train
 
@@ -36,7 +37,7 @@ def launch_prepare(source: str, out, *flags: str, code: str = '') -> subprocess.
       '-c', f'{code}\nimport sys\nfrom t5lite import cli\nsys.exit(cli.main(sys.argv[1:]))']
   return subprocess.Popen([sys.executable, *command, 'prepare', f'--source={source}',
                            f'--out={out}', *flags], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_default)
 
 
 def same_files(a, b) -> bool:
@@ -194,7 +195,11 @@ def test_ctrl_c_in_the_middle_of_publishing_is_acted_on_once_the_part_is_whole(
     return replace(self, target)
 
   monkeypatch.setattr(epath.gpath._GPath, 'replace', interrupted)
-  status, printed, err = prepare(capsys, f'--source={source}', f'--out={tmp_path / "s"}')
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+  try:
+    status, printed, err = prepare(capsys, f'--source={source}', f'--out={tmp_path / "s"}')
+  finally:
+    signal.signal(signal.SIGINT, previous)
   assert (status, printed, err) == (130, '', 't5lite prepare: error: interrupted (Ctrl-C)\n')
   assert same_files(tmp_path / 's', clean)
 
