@@ -227,39 +227,57 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
   stream's row values}, and with `pairs` 'other': a chunk's length of tokens from a random
   place of the split. One stream, or the streams of a mixture's components `members` (all of
   them if None) by `segment`'s schedule."""
-  def stacked(attribute):
-    return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
+  chain = _Chain(streams, pairs, segment, members)
+  return (_row_blocks(share, first_batch, data.batch_size).map(plain(chain.located)).unbatch()
+          .map(plain(chain.place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+          .batch(READ_EXAMPLES)
+          .map(plain(chain.read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+          .unbatch())
 
-  chunks, slack, sizes, raw_lengths = (
-      stacked(key) for key in ('chunks', 'slack', 'size', 'raw_length'))
-  example_keys, epoch_keys, other_keys = (
-      stacked(key) for key in ('example_key', 'epoch_key', 'other_key'))
-  tables = ((name, _row_value_table([s.row_values[name] for s in streams]))
-            for name in streams[0].row_values)
-  values = {name: table for name, table in tables if table is not None}
-  longest = max(s.raw_length for s in streams)
-  ragged = any(s.raw_length != longest for s in streams)
-  names = segment.schedule.names if segment else ['']
-  member_list = range(len(names)) if members is None else members
-  stream_of = tf.constant([member_list.index(c) if c in member_list else -1
-                           for c in range(len(names))], tf.int64)
 
-  per_stream = {'chunks': chunks, 'slack': slack, 'raw_length': raw_lengths,
-                'epoch_key': epoch_keys, 'example_key': example_keys, **values,
-                **({'size': sizes, 'other_key': other_keys} if pairs else {})}
+class _Chain:
+  """The streams of one tf.data chain, their values stacked so that a row's are looked up on
+  vectors, and the three steps from a global row to its chunk: `located` (its stream and example
+  number), `place` (where its chunk begins, and its seed), `read` (the tokens)."""
 
-  def located(rows):
-    # A block of rows, kept where their component is one of this chain's: each one's stream s
-    # (its component's), the example's place i in it, and what `place` needs of the stream,
-    # looked up on vectors (row by row, these lookups cost every pipeline, a single source's
-    # too, about 4% of its rate: docs/notes/input-pipeline.md).
-    c, i = _locate(segment, rows)
-    s = tf.gather(stream_of, c)
+  def __init__(self, streams: list[_Stream], pairs: bool, segment: mixture.Segment | None,
+               members: list[int] | None):
+    self.streams, self.pairs, self.segment = streams, pairs, segment
+
+    def stacked(attribute):
+      return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
+
+    tables = ((name, _row_value_table([s.row_values[name] for s in streams]))
+              for name in streams[0].row_values)
+    self.values = {name: table for name, table in tables if table is not None}
+    self.raw_lengths = stacked('raw_length')
+    self.per_stream = {'chunks': stacked('chunks'), 'slack': stacked('slack'),
+                       'raw_length': self.raw_lengths, 'epoch_key': stacked('epoch_key'),
+                       'example_key': stacked('example_key'), **self.values,
+                       **({'size': stacked('size'), 'other_key': stacked('other_key')}
+                          if pairs else {})}
+    self.longest = max(s.raw_length for s in streams)
+    self.ragged = any(s.raw_length != self.longest for s in streams)
+    names = segment.schedule.names if segment else ['']
+    member_list = range(len(names)) if members is None else members
+    self.stream_of = tf.constant([member_list.index(c) if c in member_list else -1
+                                  for c in range(len(names))], tf.int64)
+
+  def located(self, rows):
+    """A block of rows, kept where their component is one of this chain's: each one's stream s
+    (its component's), the example's place i in it, and what `place` needs of the stream,
+    looked up on vectors (row by row, these lookups cost every pipeline, a single source's too,
+    about 4% of its rate: docs/notes/input-pipeline.md)."""
+    c, i = _locate(self.segment, rows)
+    s = tf.gather(self.stream_of, c)
     kept = s >= 0
     i, s = tf.boolean_mask(i, kept), tf.boolean_mask(s, kept)
-    return {'i': i, 's': s, **{name: tf.gather(table, s) for name, table in per_stream.items()}}
+    return {'i': i, 's': s,
+            **{name: tf.gather(table, s) for name, table in self.per_stream.items()}}
 
-  def place(row):
+  def place(self, row):
+    """The chunk of example i of stream s: chunk index_shuffle(i mod N) of epoch i // N, the
+    epoch's cuts shifted by a random offset; its seed; with pairs, a random other place."""
     i, s, count = row['i'], row['s'], row['chunks']
     shuffle_key, offset_key = tf.unstack(tf.random.experimental.stateless_split(
         tf.random.experimental.stateless_fold_in(row['epoch_key'], i // count), 2))
@@ -267,35 +285,32 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
     offset = tf.random.stateless_uniform([], offset_key, 0, row['slack'] + 1, dtype=tf.int64)
     example = {'targets': tf.stack([s, offset + chunk * row['raw_length']]),
                'seed': tf.random.experimental.stateless_fold_in(row['example_key'], i),
-               **{name: row[name] for name in values}}
-    if pairs:
+               **{name: row[name] for name in self.values}}
+    if self.pairs:
       example['other'] = tf.stack([s, tf.random.stateless_uniform(
           [], tf.random.experimental.stateless_fold_in(row['other_key'], i), 0,
           row['size'] - row['raw_length'] + 1, dtype=tf.int64)])
     return example
 
-  def read(examples):  # token windows in place of (stream, where they begin)
-    for name in ('targets', 'other') if pairs else ('targets',):
-      windows = tf.ensure_shape(tf.numpy_function(read_windows, [examples[name]], tf.int32,
-                                                  stateful=False), [None, longest])
+  def read(self, examples):
+    """Token windows in place of (stream, where they begin), a batch of examples at a time."""
+    for name in ('targets', 'other') if self.pairs else ('targets',):
+      windows = tf.ensure_shape(tf.numpy_function(self.read_windows, [examples[name]], tf.int32,
+                                                  stateful=False), [None, self.longest])
       examples[name] = (tf.RaggedTensor.from_tensor(
-          windows, lengths=tf.gather(raw_lengths, examples[name][:, 0])) if ragged else windows)
+          windows, lengths=tf.gather(self.raw_lengths, examples[name][:, 0]))
+                        if self.ragged else windows)
     return examples
 
-  def read_windows(places):  # int64[n, 2] of (stream, begin) -> int32[n, longest], 0-padded
-    if len(streams) == 1:
-      return streams[0].tokens.windows(places[:, 1], longest)
-    windows = np.zeros((len(places), longest), np.int32)
+  def read_windows(self, places: np.ndarray) -> np.ndarray:
+    """int64[n, 2] of (stream, begin) -> int32[n, longest], 0-padded."""
+    if len(self.streams) == 1:
+      return self.streams[0].tokens.windows(places[:, 1], self.longest)
+    windows = np.zeros((len(places), self.longest), np.int32)
     for s in np.unique(places[:, 0]):
-      rows, length = places[:, 0] == s, streams[s].raw_length
-      windows[rows, :length] = streams[s].tokens.windows(places[rows, 1], length)
+      rows, length = places[:, 0] == s, self.streams[s].raw_length
+      windows[rows, :length] = self.streams[s].tokens.windows(places[rows, 1], length)
     return windows
-
-  return (_row_blocks(share, first_batch, data.batch_size).map(plain(located)).unbatch()
-          .map(plain(place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-          .batch(READ_EXAMPLES)
-          .map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-          .unbatch())
 
 
 def _row_value_table(values: list) -> tf.Tensor | None:
