@@ -9,7 +9,6 @@ import ast
 import dataclasses
 import importlib.machinery
 import importlib.util
-import json
 import os
 import pathlib
 import re
@@ -18,6 +17,7 @@ import traceback
 import ml_collections
 
 from t5lite import files
+from t5lite import objectives
 from t5lite import paths
 from t5lite.inputs import mixture
 from t5lite.models import registry
@@ -174,15 +174,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'config.{name}={value} must be at least 0')
   for name, value, one_allowed in [('train.label_smoothing', train.label_smoothing, False),
                                    ('train.distill_alpha', train.distill_alpha, True),
-                                   ('data.noise_density', data.noise_density, False),
                                    ('data.validation_fraction', data.validation_fraction, False)]:
     if not (0 <= value < 1 or one_allowed and value == 1):
       raise ValueError(f'config.{name}={value} must be in [0, 1{"]" if one_allowed else ")"}')
   for name, value in [('optim.learning_rate', optim.learning_rate),
-                      ('train.distill_temperature', train.distill_temperature),
-                      ('data.mean_noise_span_length', data.mean_noise_span_length)]:
+                      ('train.distill_temperature', train.distill_temperature)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
+  objectives.check_settings(data, 'config.data')
   mixture.check_components(data.mixture)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '

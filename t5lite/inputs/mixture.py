@@ -42,10 +42,10 @@ ROWS_PER_CYCLE = 'rows_per_cycle.'  # + name: its rows in each cycle
 EXAMPLES = 'examples.'  # + name: its examples consumed before the segment's first row
 
 
-# A mixture component's settings and their types; those left out are data's (its source too).
+# A mixture component's settings and their types: what it reads, its weight, and its objective's
+# (objectives.SETTINGS); those left out are data's (its source too).
 COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
-                      'validation_fraction': float, 'objective': str, 'noise_density': float,
-                      'mean_noise_span_length': float, 'mode': str}
+                      'validation_fraction': float, **objectives.SETTINGS}
 
 
 def check_components(components: ml_collections.ConfigDict) -> None:
@@ -73,11 +73,7 @@ def check_components(components: ml_collections.ConfigDict) -> None:
     fraction = component.get('validation_fraction', 0.0)
     if not 0 <= fraction < 1:
       raise ValueError(f'{where}.validation_fraction={fraction} must be in [0, 1)')
-    if not 0 <= component.get('noise_density', 0.0) < 1:
-      raise ValueError(f'{where}.noise_density={component.noise_density} must be in [0, 1)')
-    if not component.get('mean_noise_span_length', 1.0) > 0:
-      raise ValueError(f'{where}.mean_noise_span_length={component.mean_noise_span_length} '
-                       'must be positive')
+    objectives.check_settings(component, where)
 
 
 def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict,

@@ -32,6 +32,23 @@ OBJECTIVES = {objective.name: objective for objective in (
 )}
 
 
+# The settings of data.objective and its transforms, which a mixture component may also set for
+# its own (t5lite/inputs/mixture.py)
+SETTINGS = {'objective': str, 'noise_density': float, 'mean_noise_span_length': float,
+            'mode': str}
+
+
+def check_settings(settings: ml_collections.ConfigDict, where: str) -> None:
+  """The transforms' settings in range: one line naming `where`.setting (config.data, or a
+  mixture's component)."""
+  density = settings.get('noise_density', 0.0)
+  if not 0 <= density < 1:
+    raise ValueError(f'{where}.noise_density={density} must be in [0, 1)')
+  span = settings.get('mean_noise_span_length', 1.0)
+  if not span > 0:
+    raise ValueError(f'{where}.mean_noise_span_length={span} must be positive')
+
+
 def get(name: str) -> Objective:
   """The objective `data.objective` names; one line for an unknown name."""
   if name not in OBJECTIVES:
@@ -68,5 +85,5 @@ def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
   return objective.loss(model_cfg, config.train, exact_match=exact_match)
 
 
-__all__ = ['OBJECTIVES', 'Loss', 'Objective', 'base', 'check_mode', 'for_run', 'get',
-           'make_loss']
+__all__ = ['OBJECTIVES', 'SETTINGS', 'Loss', 'Objective', 'base', 'check_mode', 'check_settings',
+           'for_run', 'get', 'make_loss']
