@@ -100,31 +100,49 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   position = first_batch if isinstance(first_batch, dict) else {'batch': first_batch}
   first_batch = position['batch']
   vocab = vocabulary.load_vocabulary(data.vocabulary)
-  segment = None
-  if data.get('mixture'):
-    mixture.check_components(data.mixture)
-    weights = {name: component.weight for name, component in data.mixture.items()}
-    segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
+  per_process = share.stop - share.start
+  if not data.get('mixture'):
+    batches = _source_rows(data, split, vocab, share, first_batch).batch(
+        per_process, drop_remainder=True)
+    return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
+                    first_batch, {})
+  mixture.check_components(data.mixture)
+  weights = {name: component.weight for name, component in data.mixture.items()}
+  segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
+  batches = _mixture_rows(data, split, vocab, share, first_batch, segment).batch(
+      per_process, drop_remainder=True)
+  # each row's component beside the features, a batch at a time
+  batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
+      plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
+          per_process, dtype=tf.int64))[0]))).map(
+              plain(lambda batch, component: {**batch, 'component': component}))
+  return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
+                  first_batch, segment.position())
+
+
+def _source_rows(data: ml_collections.ConfigDict, split: str, vocab, share: slice,
+                 first_batch: int) -> tf.data.Dataset:
+  """One source's packed rows, from global batch `first_batch` on: its chunks, noised by
+  data.objective."""
+  [component] = mixture.components(data)  # ('', data, its objective), its mode checked
+  return _group_rows([(0, component)], split, vocab, share, first_batch, None, alone=True)
+
+
+def _mixture_rows(data: ml_collections.ConfigDict, split: str, vocab, share: slice,
+                  first_batch: int, segment: mixture.Segment) -> tf.data.Dataset:
+  """A mixture's packed rows, from global batch `first_batch` on: a chain per group of its
+  components (`_groups`), each row from its component's chain in the schedule's order."""
   groups = _groups(mixture.components(data))
   chains = [_group_rows(group, split, vocab, share, first_batch, segment, alone=len(groups) == 1)
             for group in groups]
-  rows = chains[0]
-  if len(chains) > 1:  # each row from its group's rows, in the schedule's order
-    group_of = np.zeros(len(segment.schedule.names), np.int64)  # each component's group
-    for g, group in enumerate(groups):
-      group_of[[index for index, _ in group]] = g
-    rows = tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
-        share, first_batch, data.batch_size, segment).map(
-            plain(lambda _, c: tf.gather(group_of, c))).unbatch())
-  per_process = share.stop - share.start
-  batches = rows.batch(per_process, drop_remainder=True)
-  if segment:  # each row's component beside the features, a batch at a time
-    batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
-        plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
-            per_process, dtype=tf.int64))[0]))).map(
-                plain(lambda batch, component: {**batch, 'component': component}))
-  return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
-                  first_batch, segment.position() if segment else {})
+  if len(chains) == 1:
+    return chains[0]
+  group_of = np.zeros(len(segment.schedule.names), np.int64)  # each component's group
+  for g, group in enumerate(groups):
+    group_of[[index for index, _ in group]] = g
+  return tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
+      share, first_batch, data.batch_size, segment).map(
+          plain(lambda _, c: tf.gather(group_of, c))).unbatch())
 
 
 # What a component reads, not how its text becomes examples: components that differ only in these
