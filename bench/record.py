@@ -75,11 +75,8 @@ def rows(line: dict, context: dict) -> list[dict]:
   figures = {k: v for k, v in flat.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and units[k] is not None}
   setting = ', '.join(f'{k}={v}' for k, v in flat.items() if k not in figures and v is not None)
-  made = [{'bench': line['bench'], 'metric': k, 'value': v, 'unit': units[k], **context,
+  return [{'bench': line['bench'], 'metric': k, 'value': v, 'unit': units[k], **context,
            **({'setting': setting} if setting else {})} for k, v in figures.items()]
-  for row in made:
-    check(row)
-  return made
 
 
 def check(row: dict) -> None:
@@ -109,11 +106,16 @@ def read(folder: str = RESULTS) -> list[dict]:
   return found
 
 
+def now() -> str:
+  """The record's date of this minute, UTC: 2026-11-27T14:50Z."""
+  return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%MZ')
+
+
 def context(machine: str, command: str, load: str | None = None, date: str | None = None,
             commit: str | None = None) -> dict:
   """The rows' context; the date defaults to now and the commit to this checkout's HEAD."""
   if date is None:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%MZ')
+    date = now()
   if commit is None:
     done = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
                           capture_output=True, check=False)

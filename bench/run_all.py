@@ -12,7 +12,6 @@ BENCHMARKS.md from the rows.
 """
 
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -84,7 +83,7 @@ def main(argv=None) -> int:
     return 0
   statuses = []
   for path in paths:
-    started = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%MZ')
+    started = record.now()
     lines, status, load = run(path)
     command = shlex.join(['python', os.path.relpath(path, ROOT)])
     new = [row for line in lines

@@ -101,23 +101,22 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   first_batch = position['batch']
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   per_process = share.stop - share.start
-  if not data.get('mixture'):
-    batches = _source_rows(data, split, vocab, share, first_batch).batch(
-        per_process, drop_remainder=True)
-    return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
-                    first_batch, {})
-  mixture.check_components(data.mixture)
-  weights = {name: component.weight for name, component in data.mixture.items()}
-  segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
-  batches = _mixture_rows(data, split, vocab, share, first_batch, segment).batch(
-      per_process, drop_remainder=True)
-  # each row's component beside the features, a batch at a time
-  batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
-      plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
-          per_process, dtype=tf.int64))[0]))).map(
-              plain(lambda batch, component: {**batch, 'component': component}))
+  segment = None
+  if data.get('mixture'):
+    mixture.check_components(data.mixture)
+    weights = {name: component.weight for name, component in data.mixture.items()}
+    segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
+    rows = _mixture_rows(data, split, vocab, share, first_batch, segment)
+  else:
+    rows = _source_rows(data, split, vocab, share, first_batch)
+  batches = rows.batch(per_process, drop_remainder=True)
+  if segment:  # each row's component beside the features, a batch at a time
+    batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
+        plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
+            per_process, dtype=tf.int64))[0]))).map(
+                plain(lambda batch, component: {**batch, 'component': component}))
   return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
-                  first_batch, segment.position())
+                  first_batch, segment.position() if segment else {})
 
 
 def _source_rows(data: ml_collections.ConfigDict, split: str, vocab, share: slice,

@@ -13,15 +13,12 @@ rounding. Decoding from a cache always takes the dense path ('xla' for 'flash').
 import dataclasses
 import functools
 
-import flax
 from flax import nnx
-from flax.linen import partitioning
 import jax
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.flash_attention import flash_attention
-from t5lite.models.layers import Dense, constrain
+from t5lite.models.layers import Dense, constrain, mesh_spec
 from t5lite.models.positions import BucketedBias, apply_rope
 
 HEADS = ('batch', 'length', 'heads', 'kv')  # logical axes of per-head activations
@@ -92,43 +89,29 @@ def attention_layout(query_length: int, key_valid: jax.Array | None = None, *,
   return AttentionLayout(query_ids, key_ids, prefix, causal)
 
 
-def _mesh_spec(logical_axes: tuple[str | None, ...]) -> jax.sharding.PartitionSpec | None:
-  """The mesh axes of logical ones under the current rules and mesh; None without them."""
-  rules = flax.core.spmd.get_logical_axis_rules()
-  if not rules or jax.sharding.get_abstract_mesh().empty:
-    return None
-  return partitioning.logical_to_mesh_axes(logical_axes, rules)
-
-
 def flash(query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
           bias: BucketedBias | None) -> jax.Array:
   """The flash kernel on each device's shard (batch and heads), as a kernel is not partitioned
   by XLA: under a mesh, shard_map with lengths whole."""
+  # Pallas, imported by the runs that use it: 0.1 s of every other command's start-up
+  from t5lite.models import flash_attention as kernel  # pylint: disable=import-outside-toplevel
   batch = query.shape[0]
-  ids = [jnp.broadcast_to(x, (batch, x.shape[1])) for x in (layout.query_segments,
-                                                             layout.key_segments)]
-  arrays = [query, key, value, *ids]
-  if layout.prefix is not None:
-    arrays.append(layout.prefix)
-  if bias is not None:
-    arrays.append(bias.table)
+  ids = {'query_segments': jnp.broadcast_to(layout.query_segments, (batch, query.shape[1])),
+         'key_segments': jnp.broadcast_to(layout.key_segments, (batch, key.shape[1])),
+         'prefix': layout.prefix, 'table': None if bias is None else bias.table}
 
-  def attend(query, key, value, query_segments, key_segments, *extras):
-    extras = list(extras)
-    return flash_attention(
-        query, key, value, query_segments=query_segments, key_segments=key_segments,
-        causal=layout.causal, prefix=None if layout.prefix is None else extras.pop(0),
-        table=None if bias is None else extras.pop(0),
-        buckets=None if bias is None else bias.buckets)
+  def attend(query, key, value, ids):
+    return kernel.flash_attention(query, key, value, causal=layout.causal,
+                                  buckets=None if bias is None else bias.buckets, **ids)
 
-  heads = _mesh_spec(('batch', None, 'heads', 'kv'))
+  heads = mesh_spec(('batch', None, 'heads', 'kv'))
   if heads is None:
-    return attend(*arrays)
-  ids = _mesh_spec(('batch', None))
-  specs = [heads] * 3 + [ids] * (len(arrays) - 3)
-  if bias is not None:
-    specs[-1] = _mesh_spec(('relpos_buckets', 'heads'))
-  return jax.shard_map(attend, in_specs=tuple(specs), out_specs=heads, check_vma=False)(*arrays)
+    return attend(query, key, value, ids)
+  rows = mesh_spec(('batch', None))
+  specs = {'query_segments': rows, 'key_segments': rows, 'prefix': rows,
+           'table': mesh_spec(('relpos_buckets', 'heads'))}
+  return jax.shard_map(attend, in_specs=(heads, heads, heads, specs), out_specs=heads,
+                       check_vma=False)(query, key, value, ids)
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,

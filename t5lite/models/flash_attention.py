@@ -324,30 +324,31 @@ def _forward(static, query, key, value, table, query_segments, key_segments, pre
   out, m, l = _call(_forward_kernel, static, static.blocks.q, 'q', inputs,
                     {'out': jax.ShapeDtypeStruct(inputs['query'].shape, query.dtype),
                      'max': rows, 'sum': rows})
-  out = out[:, :static.query_length, :, :query.shape[-1]]
-  return out, (query, key, value, table, query_segments, key_segments, prefix, out, m, l)
+  # the backward reads the padded inputs and output as the kernels have them
+  return out[:, :static.query_length, :, :query.shape[-1]], (inputs, out, m, l, table)
 
 
 def _backward(static, residuals, d_out):
-  query, key, value, table, query_segments, key_segments, prefix, out, m, l = residuals
-  inputs = _kernel_inputs(static, query, key, value, table, query_segments, key_segments, prefix)
+  inputs, out, m, l, table = residuals
   batch, q_length, heads, head_dim = inputs['query'].shape
+  d = d_out.shape[-1]
+  d_out = _padded(_padded(d_out, q_length), head_dim, axis=3)
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # (b, q, h)
-  inputs.update(d_out=_padded(_padded(d_out, q_length), head_dim, axis=3), max=m, sum=l,
-                delta=_padded(delta.transpose(0, 2, 1), q_length, axis=2))  # (b, h, q)
+  inputs = {**inputs, 'd_out': d_out, 'max': m, 'sum': l,
+            'delta': delta.transpose(0, 2, 1)}  # (b, h, q), 0 on padding
   bq, bk = static.blocks.backward_q, static.blocks.backward_k
   d_query, d_table = _call(
       _d_query_kernel, static, bq, 'q', inputs,
-      {'d_query': jax.ShapeDtypeStruct(inputs['query'].shape, query.dtype),
+      {'d_query': jax.ShapeDtypeStruct(inputs['query'].shape, inputs['query'].dtype),
        'd_table': jax.ShapeDtypeStruct((batch, heads, q_length // bq, inputs['table'].shape[1]),
                                        jnp.float32)})
   d_key, d_value = _call(
       _d_key_value_kernel, static, bk, 'k', inputs,
-      {'d_key': jax.ShapeDtypeStruct(inputs['key'].shape, key.dtype),
-       'd_value': jax.ShapeDtypeStruct(inputs['value'].shape, value.dtype)})
+      {'d_key': jax.ShapeDtypeStruct(inputs['key'].shape, inputs['key'].dtype),
+       'd_value': jax.ShapeDtypeStruct(inputs['value'].shape, inputs['value'].dtype)})
   d_table = jnp.sum(d_table, axis=(0, 2))[:, :table.shape[0]].T  # (h, buckets) -> (buckets, h)
-  k_length, d = static.key_length, query.shape[-1]
-  return (d_query[:, :static.query_length, :, :d], d_key[:, :k_length, :, :d],
+  q_length, k_length = static.query_length, static.key_length
+  return (d_query[:, :q_length, :, :d], d_key[:, :k_length, :, :d],
           d_value[:, :k_length, :, :d], d_table.astype(table.dtype), None, None, None)
 
 

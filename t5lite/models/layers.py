@@ -19,18 +19,22 @@ import jax.numpy as jnp
 from t5lite.models.config import ModelConfig
 
 
-def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
-  """Pins an activation's sharding by logical names; a no-op without axis rules or a mesh.
+def mesh_spec(logical_axes: Sequence[str | None]) -> jax.sharding.PartitionSpec | None:
+  """The mesh axes of logical names, or None without axis rules or a mesh.
 
   The rules are those set by `nnx.logical_axis_rules(rules)` and the mesh the one set by
   `jax.set_mesh(mesh)`, so the model never needs to know the trainer's table.
   """
   rules = flax.core.spmd.get_logical_axis_rules()
-  mesh = jax.sharding.get_abstract_mesh()
-  if not rules or mesh.empty:
-    return x
-  spec = partitioning.logical_to_mesh_axes(tuple(logical_axes), rules)
-  return jax.lax.with_sharding_constraint(x, spec)
+  if not rules or jax.sharding.get_abstract_mesh().empty:
+    return None
+  return partitioning.logical_to_mesh_axes(tuple(logical_axes), rules)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+  """Pins an activation's sharding by logical names; a no-op without axis rules or a mesh."""
+  spec = mesh_spec(logical_axes)
+  return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
 
 
 def param(rngs: nnx.Rngs, init, shape: Sequence[int], axes: Sequence[str | None],
