@@ -22,7 +22,7 @@ def path(name: str | os.PathLike) -> epath.Path:
   if is_uri(name):
     # TensorFlow's filesystems serve the URI: loaded as the pipeline loads it (quiet, off the
     # accelerators); only a run with a remote path imports it for this
-    importlib.import_module('t5lite.data.tf_setup')
+    importlib.import_module('t5lite.data.tf_setup').load()
     return epath.Path(os.fspath(name).rstrip('/'))
   return epath.Path(os.path.realpath(name))
 

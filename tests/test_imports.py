@@ -37,7 +37,7 @@ def test_prepare_loads_no_jax_which_still_imports_after():
 
 
 def test_a_keras_imported_before_tensorflow_is_left_as_it_is():
-  code = ("import sys, keras; from t5lite.data.tf_setup import tf; "
+  code = ("import sys, keras; from t5lite.data.tf_setup import tf; tf.constant(0); "
           "print(sys.modules['keras'] is keras, 'keras.src.optimizers' in sys.modules)")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == 'True True'  # TensorFlow loaded Keras's optimizers, as it does

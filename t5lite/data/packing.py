@@ -7,8 +7,10 @@ layout. The feature converters name the rows' features as seqio's do: `encoder_d
 (DecoderFeatureConverter) and `prefix_lm_features` (PrefixLMFeatureConverter).
 """
 
+from __future__ import annotations  # `tf.data.Dataset` below is not a use of TensorFlow
+
 import numpy as np
-from t5lite.data.tf_setup import plain, tf
+from t5lite.data.tf_setup import parallel_map, tf
 from t5lite.token_ids import PAD_ID
 
 
@@ -31,9 +33,7 @@ def pack(dataset: tf.data.Dataset, lengths: dict[str, int], window: int) -> tf.d
      'targets': [5, 1, 0], 'targets_segment_ids': [1, 1, 0], 'targets_positions': [0, 1, 0]}
   """
   windows = dataset.ragged_batch(window)
-  rows = windows.map(plain(lambda w: _pack_window(w, lengths)),
-                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return rows.unbatch()
+  return parallel_map(windows, lambda w: _pack_window(w, lengths)).unbatch()
 
 
 def _ragged(tokens):

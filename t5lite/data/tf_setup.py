@@ -1,14 +1,17 @@
 """TensorFlow as the input pipeline runs it: `from t5lite.data.tf_setup import tf, plain`.
 
-TensorFlow runs the input pipeline only, and only a run that reads text imports it. Before it
-creates its runtime, this hides every accelerator from it (JAX owns them), bounds its op thread
-pools and quiets its C++ logging, and drops the banner it writes to stderr while it is imported
-(whatever TF_CPP_MIN_LOG_LEVEL says): stderr is for t5lite's own lines. T5LITE_DEBUG=1 keeps it.
-It also keeps TensorFlow from importing Keras and JAX (`_without`). Every function the pipeline
-maps goes through `plain`.
+TensorFlow runs the input pipeline only, and only a run that reads text imports it: `tf` here
+imports it at its first attribute read, not at `import`, so that the modules that define tf.data
+code (the objectives' transforms, the pipeline) are imported by every run and cost nothing to one
+fed synthetic batches. Before TensorFlow creates its runtime, this hides every accelerator from
+it (JAX owns them), bounds its op thread pools and quiets its C++ logging, and drops the banner it
+writes to stderr while it is imported (whatever TF_CPP_MIN_LOG_LEVEL says): stderr is for
+t5lite's own lines. T5LITE_DEBUG=1 keeps it. It also keeps TensorFlow from importing Keras and JAX
+(`_without`). Every function the pipeline maps goes through `plain` (`parallel_map` does that).
 """
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -51,10 +54,7 @@ def _import_tensorflow():
     return tensorflow
 
 
-tf = _import_tensorflow()
-
-
-def _hide_accelerators_from_tensorflow():
+def _hide_accelerators_from_tensorflow(tf):
   try:
     for kind in ('GPU', 'TPU'):
       tf.config.set_visible_devices([], kind)
@@ -64,7 +64,23 @@ def _hide_accelerators_from_tensorflow():
     pass
 
 
-_hide_accelerators_from_tensorflow()
+@functools.cache
+def load():
+  """TensorFlow, imported and set up once; `tf` calls this at its first attribute read."""
+  tensorflow = _import_tensorflow()
+  _hide_accelerators_from_tensorflow(tensorflow)
+  return tensorflow
+
+
+class _TensorFlow:
+  """The `tf` module, loaded when first used. (A type annotation such as `tf.data.Dataset` is
+  such a use, at import: the objectives' modules leave them out.)"""
+
+  def __getattr__(self, name: str):
+    return getattr(load(), name)
+
+
+tf = _TensorFlow()
 
 
 def plain(fn):
@@ -72,3 +88,8 @@ def plain(fn):
   control flow in the pipeline's functions (loops and branches are TF ops), and the rewrite cost
   each process that reads text about a second of its start-up."""
   return tf.autograph.experimental.do_not_convert(fn)
+
+
+def parallel_map(dataset, fn):
+  """`dataset.map(fn)` as the pipeline maps: `fn` plain, in parallel, in order."""
+  return dataset.map(plain(fn), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

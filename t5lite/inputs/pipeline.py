@@ -39,7 +39,7 @@ import zlib
 from absl import logging
 import ml_collections
 import numpy as np
-from t5lite.data.tf_setup import plain, tf
+from t5lite.data.tf_setup import parallel_map, plain, tf
 
 from t5lite import objectives
 from t5lite.data import packing
@@ -188,9 +188,9 @@ def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
   _, (_, view, objective) = group[0]
   examples = _indexed_examples(streams, view, share, first_batch, objective.pairs, segment,
                                None if alone else [index for index, _ in group])
-  return objective.transform(examples, view, vocab).map(  # an example per row (only BART's
-      plain(functools.partial(packing.pad_rows, lengths=objective.row_lengths(view))),  # inputs
-      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)  # fall short of theirs)
+  return parallel_map(  # an example per row (only BART's inputs fall short of theirs)
+      objective.transform(examples, view, vocab),
+      functools.partial(packing.pad_rows, lengths=objective.row_lengths(view)))
 
 
 class _Stream:
@@ -245,11 +245,9 @@ def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: i
   place of the split. One stream, or the streams of a mixture's components `members` (all of
   them if None) by `segment`'s schedule."""
   chain = _Chain(streams, pairs, segment, members)
-  return (_row_blocks(share, first_batch, data.batch_size).map(plain(chain.located)).unbatch()
-          .map(plain(chain.place), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-          .batch(READ_EXAMPLES)
-          .map(plain(chain.read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-          .unbatch())
+  located = _row_blocks(share, first_batch, data.batch_size).map(plain(chain.located)).unbatch()
+  return parallel_map(parallel_map(located, chain.place).batch(READ_EXAMPLES),
+                      chain.read).unbatch()
 
 
 class _Chain:
@@ -362,7 +360,7 @@ def _model_features(batches: tf.data.Dataset, objective: objectives.Objective, d
       out['component'] = tf.cast(component, tf.int32)
     return out
 
-  batches = batches.map(plain(features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  batches = parallel_map(batches, features)
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_optimization.map_fusion = True  # chunk + corrupt in one step: 2x faster

@@ -59,7 +59,7 @@ class TextTemplate(NamedTuple):
   continues: bool = False
 
 
-# What t5lite's objectives (t5lite/data/noise.py) give each model. The rows of MLM and causal LM
+# What t5lite's objectives (t5lite/objectives/) give each model. The rows of MLM and causal LM
 # are cut anywhere from concatenated text: nothing marks their ends. MLM and BART mask with
 # <extra_id_0>, next-sentence pairs are [CLS] A [SEP] B [SEP] with <extra_id_1> and <extra_id_2>.
 T5_TEXT = TextTemplate('$A </s>', '$A </s> $B </s>', tokenizer_class='T5Tokenizer')  # BART's too

@@ -2,9 +2,9 @@
 
 An objective is everything between text and the loss, in one module per objective:
 - its data: how long a raw chunk of text is (`raw_length`, which checks the lengths in
-  `config.data`), the tf.data transform that noises chunks into examples (`transform`, made of
-  `t5lite/data/noise.py`'s functions), the lengths of the packed rows (`row_lengths`) and the
-  feature converter that names them for the model (`convert`, from `t5lite/data/packing.py`);
+  `config.data`), the tf.data transform that noises chunks into examples (`transform`, written
+  in the objective's module), the lengths of the packed rows (`row_lengths`) and the feature
+  converter that names them for the model (`convert`, from `t5lite/data/packing.py`);
 - its features (`features`): the names and lengths of what a batch holds, written once and read
   by the pipeline (which checks its batches against it), `t5lite plan`'s abstract batch and the
   train step; the model reads the same names through `Features.from_batch`;
@@ -12,8 +12,13 @@ An objective is everything between text and the loss, in one module per objectiv
   line before a run starts;
 - its loss (`loss`): summed losses, their denominators, the scalar minimised and the metrics.
 
-`transform` and `convert` run in tf.data and import its modules (`noise`, `packing`) when
-called: a run fed synthetic batches (`data.source='synthetic'`) never loads TensorFlow.
+A transform maps raw chunks {'targets': tokens, 'seed': int64[2]} to examples, one op per
+example. Its randomness is stateless: each example carries its own `seed`, so an example is a
+function of (seed, tokens) wherever and whenever it is computed, and the pipeline seeds example i
+of the stream, so a chunk seen again in a later epoch is noised anew (dynamic masking). The
+transforms and converters are tf.data code; TensorFlow loads at their first use
+(`t5lite/data/tf_setup.py`), so a run fed synthetic batches (`data.source='synthetic'`) never
+loads it.
 
 Losses are sums over tokens, divided once by denominators of the whole batch, so that gradient
 accumulation adds up to exactly the big batch for every term (see `t5lite/train/step.py`).
@@ -35,6 +40,7 @@ import ml_collections
 from flax import nnx
 
 from t5lite import models
+from t5lite.data import packing
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import losses
 
@@ -134,7 +140,6 @@ class EncoderDecoderObjective(Objective):
     return {'inputs': data.inputs_length, 'targets': data.targets_length}
 
   def convert(self, row):
-    from t5lite.data import packing
     return packing.encoder_decoder_features(row)
 
   def features(self, data):

@@ -11,6 +11,8 @@ The loss is the token cross entropy on the decoder's targets.
 
 import ml_collections
 
+from t5lite.data import packing
+from t5lite.data.tf_setup import parallel_map, tf
 from t5lite.objectives import base
 
 
@@ -27,11 +29,9 @@ class CausalLM(base.Objective):
     return {'targets': data.targets_length}
 
   def transform(self, examples, data, vocab):
-    from t5lite.data import noise
-    return noise.causal_lm(examples)
+    return causal_examples(examples)
 
   def convert(self, row):
-    from t5lite.data import packing
     return packing.decoder_features(row)
 
   def features(self, data):
@@ -54,11 +54,9 @@ class PrefixLM(base.Objective):
     return dict.fromkeys(('targets', 'prefix'), data.inputs_length + data.targets_length)
 
   def transform(self, examples, data, vocab):
-    from t5lite.data import noise
-    return noise.prefix_lm(examples)
+    return prefix_examples(examples)
 
   def convert(self, row):
-    from t5lite.data import packing
     return packing.prefix_lm_features(row)
 
   def features(self, data):
@@ -66,6 +64,37 @@ class PrefixLM(base.Objective):
     # seqio's name: 1 where attention is bidirectional (the prefix)
     return {**base.side_features('decoder', length, targets=True),
             'decoder_causal_attention': length}
+
+
+def causal_examples(dataset):
+  """GPT's language modelling: {'targets': raw tokens, 'seed'} -> {'targets'}, every token
+  predicted from those before it (the feature converter shifts the decoder inputs right):
+    targets (raw) A B C D  ->  decoder inputs 0 A B C, targets A B C D, loss on all four.
+  Chunks are cut from the concatenated text, so nothing ends: no EOS is appended.
+  """
+  return parallel_map(dataset, lambda example: {'targets': example['targets']})
+
+
+def prefix_examples(dataset):
+  """T5's prefix LM for a decoder-only model: {'targets', 'seed'} -> {'targets', 'prefix'}.
+
+  The `random_prefix_mask` prefix is read bidirectionally, without loss; the model predicts the
+  rest (see packing.prefix_lm_features).
+    targets (raw) A B C D E  ->  targets A B C D E, prefix 1 1 0 0 0
+  """
+  def split(example):
+    tokens = example['targets']
+    return {'targets': tokens, 'prefix': random_prefix_mask(tf.size(tokens), example['seed'])}
+
+  return parallel_map(dataset, split)
+
+
+def random_prefix_mask(length, seed):
+  """int32 (length,): 1 on a prefix of p tokens, p uniform in [1, length - 1] (T5's
+  random_prefix_noise_mask, inverted); the whole of a 1-token example. E.g. 5, p = 2 -> 1 1 0 0 0.
+  """
+  p = tf.random.stateless_uniform([], seed, 1, tf.maximum(length, 2), dtype=tf.int32)
+  return tf.cast(tf.range(length) < p, tf.int32)
 
 
 CAUSAL_LM, PREFIX_LM = CausalLM(), PrefixLM()

@@ -9,11 +9,16 @@ that the corrupted inputs fill their row exactly (`random_spans_helper`):
 With `data.mode` (UL2's mode token, e.g. '[NLU]') the inputs start with that text's ids, and the
 raw chunk is the one whose corrupted inputs fill the rest of the row.
 The loss is the token cross entropy on the decoder's targets.
+
+Each span's sentinel counts down from `<extra_id_0>` (vocab_size - 1): <X0> above, <X1> =
+vocab_size - 2, as T5's preprocessors name them (`t5.data.preprocessors`).
 """
 
 import ml_collections
 
+from t5lite.data.tf_setup import parallel_map, tf
 from t5lite.objectives import base
+from t5lite.token_ids import EOS_ID, PAD_ID
 
 
 class SpanCorruption(base.EncoderDecoderObjective):
@@ -35,8 +40,95 @@ class SpanCorruption(base.EncoderDecoderObjective):
     return raw_length
 
   def transform(self, examples, data, vocab):
-    from t5lite.data import noise
-    return noise.span_corruption(examples, vocab.sentinel_id(0))
+    return corrupt_spans(examples, vocab.sentinel_id(0))
+
+
+def corrupt_spans(dataset, sentinel_id: int):
+  """{'targets': raw tokens, 'seed': int64[2], 'noise_density', 'mean_noise_span_length', and
+  optionally 'mode'} -> {'inputs', 'targets'}, each ending in EOS, the inputs starting with
+  the mode's ids. Each example carries its own noise: a mixture's differ row by row.
+
+  Split the text into chunks of `random_spans_helper(inputs_length)[0]` tokens first, as T5
+  does, and the outputs have exactly inputs_length and targets_length tokens.
+  """
+  def corrupt(example):
+    tokens = example['targets']
+    seeds = tf.random.experimental.stateless_split(example['seed'], 2)
+    noise_mask = random_spans_noise_mask(tf.size(tokens), example['noise_density'],
+                                         example['mean_noise_span_length'], seeds)
+    eos = tf.constant([EOS_ID], tokens.dtype)
+    return {
+        'inputs': tf.concat([*mode_ids(example, tokens.dtype),
+                             noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos],
+                            axis=0),
+        'targets': tf.concat(
+            [nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos], axis=0),
+    }
+
+  return parallel_map(dataset, corrupt)
+
+
+def mode_ids(example: dict, dtype) -> list:
+  """The ids an example's inputs start with (UL2's mode token, e.g. the encoded text [NLU]),
+  as a list of one tensor: its 'mode', padded with PAD_ID to the longest of its chain's; []
+  without one (no op on a mode-less chain's examples)."""
+  if 'mode' not in example:
+    return []
+  mode = tf.cast(example['mode'], dtype)
+  return [tf.boolean_mask(mode, mode != PAD_ID)]
+
+
+def random_spans_noise_mask(length, noise_density, mean_noise_span_length, seeds):
+  """Boolean mask of `length` made of alternating non-noise/noise spans, non-noise first.
+  (`noise_density` and `mean_noise_span_length`: floats, or an example's float32 scalars.)
+
+  round(length * noise_density) noise tokens in round(noise / mean_noise_span_length) spans;
+  span lengths are a uniformly random segmentation (seeds: two stateless seeds, shape [2, 2]).
+  E.g. length 10, density 0.3, mean 2 -> 3 noise tokens in 2 spans: [0 0 1 1 0 0 0 1 0 0].
+  """
+  orig_length = length
+  length = tf.maximum(length, 2)  # degenerate lengths still get one noise and one clean token
+  num_noise_tokens = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+  num_noise_tokens = tf.clip_by_value(num_noise_tokens, 1, length - 1)
+  num_noise_spans = tf.cast(
+      tf.round(tf.cast(num_noise_tokens, tf.float32) / mean_noise_span_length), tf.int32)
+  num_noise_spans = tf.maximum(num_noise_spans, 1)
+  noise_span_lengths = _random_segmentation(num_noise_tokens, num_noise_spans, seeds[0])
+  nonnoise_span_lengths = _random_segmentation(length - num_noise_tokens, num_noise_spans,
+                                               seeds[1])
+  span_lengths = tf.reshape(tf.stack([nonnoise_span_lengths, noise_span_lengths], axis=1), [-1])
+  is_noise_span = tf.tile([False, True], [num_noise_spans])
+  return tf.repeat(is_noise_span, span_lengths)[:orig_length]
+
+
+def _random_segmentation(num_items, num_segments, seed):
+  """Lengths of `num_segments` non-empty segments that partition `num_items`, all equally likely.
+
+  Chooses num_segments - 1 distinct cut points among the num_items - 1 gaps.
+  """
+  gaps = tf.random.experimental.stateless_shuffle(tf.range(1, num_items), seed)
+  bounds = tf.concat([[0], tf.sort(gaps[:num_segments - 1]), [num_items]], axis=0)
+  return bounds[1:] - bounds[:-1]
+
+
+def noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
+  """Replaces each noise span with one sentinel, counting down from `sentinel_id` (<extra_id_0>).
+
+  tokens [A B C D E], noise_mask [0 1 1 0 1] -> [A <X0> D <X1>].
+  """
+  previous_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
+  span_start = noise_mask & ~previous_is_noise
+  sentinels = sentinel_id + 1 - tf.cumsum(tf.cast(span_start, tokens.dtype))
+  tokens = tf.where(span_start, sentinels, tokens)
+  return tf.boolean_mask(tokens, ~(noise_mask & previous_is_noise))
+
+
+def nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
+  """The targets side: each non-noise span becomes a sentinel, noise tokens stay.
+
+  tokens [A B C D E], noise_mask [0 1 1 0 1] -> [<X0> B C <X1> E].
+  """
+  return noise_span_to_unique_sentinel(tokens, ~noise_mask, sentinel_id)
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,

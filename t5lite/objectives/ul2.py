@@ -30,8 +30,11 @@ down into the vocabulary's last pieces.
 import ml_collections
 
 from t5lite.data import vocabulary
+from t5lite.data.tf_setup import parallel_map, tf
 from t5lite.objectives import base
+from t5lite.objectives import causal_lm
 from t5lite.objectives import span_corruption
+from t5lite.token_ids import EOS_ID
 
 MODES = dict(zip('RXS', vocabulary.MODE_TOKENS))  # {'R': '[NLU]', 'X': '[NLG]', 'S': '[S2S]'}
 # name: (kind, noise density, mean noise span length); the S-denoiser has neither
@@ -63,7 +66,7 @@ def mixture(rates: str = 'ul2') -> ml_collections.ConfigDict:
 
 class SeqToSeqLM(base.EncoderDecoderObjective):
   """T5's prefix LM for an encoder-decoder: the encoder reads a random prefix of the chunk, the
-  decoder writes the rest (t5lite/data/noise.py: `prefix_to_targets`).
+  decoder writes the rest (`prefix_to_targets`).
     raw A B C D E, prefix 2  ->  inputs A B EOS, targets C D E EOS
   """
   name = 'seq2seq_lm'
@@ -82,8 +85,24 @@ class SeqToSeqLM(base.EncoderDecoderObjective):
     return raw_length
 
   def transform(self, examples, data, vocab):
-    from t5lite.data import noise
-    return noise.prefix_to_targets(examples)
+    return prefix_to_targets(examples)
+
+
+def prefix_to_targets(dataset):
+  """T5's prefix LM for an encoder-decoder (its `prefix_lm` preprocessor, UL2's S-denoiser):
+  {'targets': n raw tokens, 'seed', and optionally 'mode'} -> {'inputs': the mode's ids, a
+  `causal_lm.random_prefix_mask` prefix of p tokens and EOS, 'targets': the other n - p + EOS}, p uniform
+  in [1, n - 1].
+    targets (raw) A B C D E, p = 2  ->  inputs A B EOS, targets C D E EOS
+  """
+  def split(example):
+    tokens = example['targets']
+    p = tf.reduce_sum(causal_lm.random_prefix_mask(tf.size(tokens), example['seed']))
+    eos = tf.constant([EOS_ID], tokens.dtype)
+    return {'inputs': tf.concat([*span_corruption.mode_ids(example, tokens.dtype), tokens[:p], eos], 0),
+            'targets': tf.concat([tokens[p:], eos], 0)}
+
+  return parallel_map(dataset, split)
 
 
 S_DENOISER = SeqToSeqLM()

@@ -161,7 +161,7 @@ def test_electra_discriminator_reads_the_tokenizer_ids(tmp_path):
 def test_bert_sentence_pairs(mlm_transform, tmp_path):
   """BERT with next-sentence prediction (BertForPreTraining; without HF's MLM head,
   BertForNextSentencePrediction): a pair is [CLS] A [SEP] B [SEP], B and its [SEP] of type 1, as
-  `noise.mlm_nsp` builds them, and HF's next-sentence logits of it are t5lite's."""
+  `mlm_nsp.sentence_pairs` builds them, and HF's next-sentence logits of it are t5lite's."""
   cfg = test_hf_bert.tiny('bert', mlm_transform=mlm_transform, vocab_size=VOCAB.vocab_size)
   params = exported(cfg, seed=8, folder=tmp_path)
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))

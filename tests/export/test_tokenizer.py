@@ -134,7 +134,7 @@ MASKED = {'BertForMaskedLM', 'RobertaForMaskedLM', 'ElectraForMaskedLM', 'BertFo
 
 def pretraining_row(architecture: str, vocab, a: list[int], b: list[int]
                     ) -> tuple[list[int], list[int]]:
-  """Texts a and b (ids) as the model's pretraining rows hold them (t5lite/data/noise.py), and
+  """Texts a and b (ids) as the model's pretraining rows hold them (t5lite/objectives/), and
   the token types: T5's and BART's inputs end in EOS, GPT-2's rows start with the start token 0
   and never end, MLM rows are text alone, BERT's pairs are [CLS] A [SEP] B [SEP] (<extra_id_1>,
   <extra_id_2>), B's of type 1."""

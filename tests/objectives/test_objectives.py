@@ -14,10 +14,10 @@ from t5lite import config as config_lib
 from t5lite import models
 from t5lite import objectives
 from t5lite.commands import plan
-from t5lite.data import noise
 from t5lite.data import packing
 from t5lite.inputs import batches
 from t5lite.objectives import base
+from t5lite.objectives import causal_lm
 from t5lite.train import mesh as mesh_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,7 +125,7 @@ class ReversedLM(base.Objective):
     return {'targets': data.targets_length}
 
   def transform(self, examples, data, vocab):
-    return noise.causal_lm(examples.map(lambda example: {**example,
+    return causal_lm.causal_examples(examples.map(lambda example: {**example,
                                                          'targets': example['targets'][::-1]}))
 
   def convert(self, row):

@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import noise
 from t5lite.data import packing
 from t5lite.data import store
 from t5lite.inputs import batches
 from t5lite.inputs import pipeline
+from t5lite.objectives import bart
+from t5lite.objectives import causal_lm
+from t5lite.objectives import mlm
+from t5lite.objectives import mlm_nsp
 
 MASK, CLS, SEP = 8099, 8098, 8097  # <extra_id_0, 1, 2> of the bundled 8,100-id vocabulary
 NUM_PIECES = 8000
@@ -48,11 +51,11 @@ def test_ops_give_the_same_result_eagerly_and_in_tf_data():
   s = seed(5)
   seeds = tf.random.experimental.stateless_split(s, 2)
   ops = [
-      (lambda t, s: noise.bert_mask(t, s, MASK, NUM_PIECES, 0.5), tokens, s),
-      (lambda n, s: noise.random_prefix_mask(n, s), 12, s),
-      (lambda t, s: noise.sentence_permutation(t, [PERIOD, BANG], s), tokens, s),
-      (lambda n, s: noise.poisson_span_lengths(n, 3.0, s), 20, s),
-      (lambda t, s: noise.text_infilling(t, MASK, 0.3, 3.0, s), tokens, seeds),
+      (lambda t, s: mlm.bert_mask(t, s, MASK, NUM_PIECES, 0.5), tokens, s),
+      (lambda n, s: causal_lm.random_prefix_mask(n, s), 12, s),
+      (lambda t, s: bart.sentence_permutation(t, [PERIOD, BANG], s), tokens, s),
+      (lambda n, s: bart.poisson_span_lengths(n, 3.0, s), 20, s),
+      (lambda t, s: bart.text_infilling(t, MASK, 0.3, 3.0, s), tokens, seeds),
   ]
   for op, *args in ops:
     assert_equal_outputs(op(*[tf.constant(a) for a in args]), in_dataset(op, *args))
@@ -63,7 +66,7 @@ def test_mlm_selects_15_percent_and_splits_them_80_10_10():
   over 4 standard errors of the 80% and 10% rates."""
   rng = np.random.default_rng(0)
   tokens = rng.integers(3, NUM_PIECES, size=(4000, 200), dtype=np.int32)
-  out = next(iter(noise.mlm(raw_examples(tokens), MASK, NUM_PIECES).batch(4000)))
+  out = next(iter(mlm.mask_tokens(raw_examples(tokens), MASK, NUM_PIECES).batch(4000)))
   inputs, targets = out['inputs'].numpy(), out['targets'].numpy()
   selected = targets > 0
   assert (selected.sum(1) == 30).all()  # round(0.15 * 200) per example, as BERT
@@ -90,7 +93,7 @@ def test_masking_is_dynamic_a_new_mask_each_epoch(small_data):
   chunks = pipeline._indexed_examples([pipeline._Stream(store.Tokens([tokens]), 40, {}, [0, 0])],
                                       small_data(batch_size=2), share=slice(0, 2), first_batch=0)
   masks = {}
-  for i, example in enumerate(noise.mlm(chunks, MASK, NUM_PIECES).take(30)
+  for i, example in enumerate(mlm.mask_tokens(chunks, MASK, NUM_PIECES).take(30)
                               .as_numpy_iterator()):
     original = np.where(example['targets'] > 0, example['targets'], example['inputs'])
     masks.setdefault(original[0], []).append((i // 10, tuple(example['targets'] > 0)))
@@ -98,8 +101,8 @@ def test_masking_is_dynamic_a_new_mask_each_epoch(small_data):
   for chunk, seen in masks.items():
     assert [epoch for epoch, _ in seen] == [0, 1, 2]
     assert len({mask for _, mask in seen}) == 3, chunk  # three epochs, three masks
-  again = next(noise.mlm(chunks, MASK, NUM_PIECES).as_numpy_iterator())
-  first = next(noise.mlm(chunks, MASK, NUM_PIECES).as_numpy_iterator())
+  again = next(mlm.mask_tokens(chunks, MASK, NUM_PIECES).as_numpy_iterator())
+  first = next(mlm.mask_tokens(chunks, MASK, NUM_PIECES).as_numpy_iterator())
   np.testing.assert_array_equal(again['inputs'], first['inputs'])  # yet deterministic
 
 
@@ -117,7 +120,7 @@ def test_mlm_nsp_pairs_half_next_half_random_with_bert_masking():
   tokens, other = text(200, 4000), text(4000, NUM_PIECES)  # two ranges: where B came from shows
   examples = tf.data.Dataset.from_tensor_slices((tokens, other)).enumerate().map(
       lambda i, pair: {'targets': pair[0], 'other': pair[1], 'seed': seed(i)})
-  out = next(iter(noise.mlm_nsp(examples, CLS, SEP, MASK, NUM_PIECES, [PERIOD]).batch(count)))
+  out = next(iter(mlm_nsp.sentence_pairs(examples, CLS, SEP, MASK, NUM_PIECES, [PERIOD]).batch(count)))
   inputs, targets, types, label = (out[k].numpy() for k in
                                    ('inputs', 'targets', 'token_types', 'next_sentence'))
   assert inputs.shape == targets.shape == types.shape == (count, n + 3) and label.shape == (count,)
@@ -156,7 +159,7 @@ def test_bart_masks_30_percent_in_poisson_3_spans():
   the outputs; each mask stands for a span, empty spans included."""
   n = 511
   tokens = np.tile(np.arange(200, 200 + n, dtype=np.int32), (1000, 1))  # no '.', '!' or '?'
-  out = next(iter(noise.bart(raw_examples(tokens), MASK, [PERIOD, BANG]).padded_batch(
+  out = next(iter(bart.permute_and_infill(raw_examples(tokens), MASK, [PERIOD, BANG]).padded_batch(
       1000)))
   inputs, targets = out['inputs'].numpy(), out['targets'].numpy()
   np.testing.assert_array_equal(targets, np.concatenate([tokens, np.ones((1000, 1), int)], 1))
@@ -180,7 +183,7 @@ def test_bart_masks_30_percent_in_poisson_3_spans():
 def test_poisson_span_lengths_follow_poisson_3():
   """Span lengths (the last of each draw, cut to fit, left out) against Poisson(3)'s pmf."""
   spans = tf.data.Dataset.range(2000).map(
-      lambda i: noise.poisson_span_lengths(153, 3.0, seed(i)))
+      lambda i: bart.poisson_span_lengths(153, 3.0, seed(i)))
   sums, counts, lengths = [], [], []
   for draw in next(iter(spans.ragged_batch(2000))).numpy():
     sums.append(draw.sum())
@@ -192,14 +195,14 @@ def test_poisson_span_lengths_follow_poisson_3():
   np.testing.assert_allclose(np.bincount(lengths, minlength=10)[:10] / len(lengths), pmf,
                              atol=0.006)
   assert abs(lengths.mean() - 3.0) < 0.05
-  np.testing.assert_array_equal(noise.poisson_span_lengths(0, 3.0, seed(0)).numpy(), [])
+  np.testing.assert_array_equal(bart.poisson_span_lengths(0, 3.0, seed(0)).numpy(), [])
 
 
 def test_sentence_permutation_is_a_uniform_permutation_of_the_sentences():
   tokens = [10, 11, PERIOD, 12, BANG, 13, 14, 15, PERIOD, 16, 17]
   original = [(10, 11, PERIOD), (12, BANG), (13, 14, 15, PERIOD), (16, 17)]  # the last unended
   permuted = tf.data.Dataset.range(4000).map(
-      lambda i: noise.sentence_permutation(tf.constant(tokens), [PERIOD, BANG], seed(i)))
+      lambda i: bart.sentence_permutation(tf.constant(tokens), [PERIOD, BANG], seed(i)))
   orders = []
   for row in next(iter(permuted.batch(4000))).numpy():
     order, rest = [], row.tolist()
@@ -212,12 +215,12 @@ def test_sentence_permutation_is_a_uniform_permutation_of_the_sentences():
   assert len(set(orders)) == 24  # every order of the 4 sentences
   firsts = np.bincount([order[0] for order in orders]) / len(orders)
   assert abs(firsts - 0.25).max() < 0.025  # each sentence first a quarter of the time
-  unchanged = noise.sentence_permutation(tf.constant(tokens), [], seed(0)).numpy()
+  unchanged = bart.sentence_permutation(tf.constant(tokens), [], seed(0)).numpy()
   assert unchanged.tolist() == tokens  # no sentence ends: one sentence
 
 
 def test_prefix_is_uniform_in_1_to_n_minus_1():
-  prefixes = tf.data.Dataset.range(4000).map(lambda i: noise.random_prefix_mask(5, seed(i)))
+  prefixes = tf.data.Dataset.range(4000).map(lambda i: causal_lm.random_prefix_mask(5, seed(i)))
   p = next(iter(prefixes.batch(4000))).numpy().sum(1)
   assert set(p) == {1, 2, 3, 4}
   assert abs(np.bincount(p, minlength=5)[1:] / len(p) - 0.25).max() < 0.025

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t5lite.data import noise
 from t5lite.objectives import span_corruption
 
 SENTINEL = 8099  # <extra_id_0> of the bundled 8,100-id vocabulary
@@ -35,9 +34,9 @@ def test_noise_span_to_unique_sentinel_worked_example():
   expected_inputs, expected_targets = [10, SENTINEL, 13, SENTINEL - 1], [SENTINEL, 11, 12,
                                                                          SENTINEL - 1, 14]
   for run in (lambda f, *a: f(*a), in_dataset):
-    inputs = run(lambda t, m: noise.noise_span_to_unique_sentinel(t, m, SENTINEL), tokens,
+    inputs = run(lambda t, m: span_corruption.noise_span_to_unique_sentinel(t, m, SENTINEL), tokens,
                  mask)
-    targets = run(lambda t, m: noise.nonnoise_span_to_unique_sentinel(t, m, SENTINEL),
+    targets = run(lambda t, m: span_corruption.nonnoise_span_to_unique_sentinel(t, m, SENTINEL),
                   tokens, mask)
     assert inputs.numpy().tolist() == expected_inputs
     assert targets.numpy().tolist() == expected_targets
@@ -47,8 +46,8 @@ def test_noise_span_to_unique_sentinel_worked_example():
 def test_noise_mask_counts_eagerly_and_in_tf_data(length):
   num_noise = min(max(round(max(length, 2) * 0.15), 1), max(length, 2) - 1)
   num_spans = max(round(num_noise / 3.0), 1)
-  eager = noise.random_spans_noise_mask(length, 0.15, 3.0, seeds(0)).numpy()
-  traced = in_dataset(lambda s: noise.random_spans_noise_mask(length, 0.15, 3.0, s),
+  eager = span_corruption.random_spans_noise_mask(length, 0.15, 3.0, seeds(0)).numpy()
+  traced = in_dataset(lambda s: span_corruption.random_spans_noise_mask(length, 0.15, 3.0, s),
                       seeds(0)).numpy()
   np.testing.assert_array_equal(eager, traced)  # stateless: same seed, same mask anywhere
   assert eager.shape == (length,)
@@ -79,7 +78,7 @@ def corrupted(num_examples: int, length: int):
   ds = tf.data.Dataset.range(num_examples).map(lambda i: {
       'targets': tokens, 'seed': tf.random.experimental.stateless_fold_in([0, 0], i),
       'noise_density': 0.15, 'mean_noise_span_length': 3.0})
-  return list(noise.span_corruption(ds, SENTINEL).as_numpy_iterator())
+  return list(span_corruption.corrupt_spans(ds, SENTINEL).as_numpy_iterator())
 
 
 def test_lengths_and_reconstruction():
@@ -127,7 +126,7 @@ def test_noise_statistics_over_many_examples():
   assert abs(noise_tokens / (568 * len(examples)) - 0.15) < 0.005
   assert abs(noise_tokens / noise_spans - 3.0) < 0.1
   masks = tf.data.Dataset.range(1200).map(
-      lambda i: noise.random_spans_noise_mask(568, 0.15, 3.0, seeds(i))).batch(1200)
+      lambda i: span_corruption.random_spans_noise_mask(568, 0.15, 3.0, seeds(i))).batch(1200)
   density, mean_span, histogram = noise_statistics(next(iter(masks)).numpy())
   _, _, t5_histogram = noise_statistics(t5_masks_numpy(1200, 568, np.random.default_rng(0)))
   assert abs(density - 0.15) < 0.005 and abs(mean_span - 3.0) < 0.1
@@ -135,8 +134,8 @@ def test_noise_statistics_over_many_examples():
 
 
 def test_seeds_change_the_noise_and_only_they_do():
-  a = noise.random_spans_noise_mask(141, 0.15, 3.0, seeds(1)).numpy()
-  b = noise.random_spans_noise_mask(141, 0.15, 3.0, seeds(1)).numpy()
-  c = noise.random_spans_noise_mask(141, 0.15, 3.0, seeds(2)).numpy()
+  a = span_corruption.random_spans_noise_mask(141, 0.15, 3.0, seeds(1)).numpy()
+  b = span_corruption.random_spans_noise_mask(141, 0.15, 3.0, seeds(1)).numpy()
+  c = span_corruption.random_spans_noise_mask(141, 0.15, 3.0, seeds(2)).numpy()
   np.testing.assert_array_equal(a, b)
   assert (a != c).any()
