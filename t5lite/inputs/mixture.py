@@ -78,14 +78,11 @@ def check_components(components: ml_collections.ConfigDict) -> None:
 
 def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict,
                                                                objectives.Objective]]:
-  """What the rows are made of: a mixture's components sorted by name, each (name, its data
-  settings: `component_data`, its objective), or [('', data, data.objective's)]. One line,
-  naming the component, for an objective that is unknown, takes no mode, computes another loss
-  than data.objective's or does not make its features at the run's lengths."""
+  """A mixture's components sorted by name, each (name, its data settings: `component_data`,
+  its objective). One line, naming the component, for an objective that is unknown, does not
+  read a setting the component sets, computes another loss than data.objective's or does not
+  make its features at the run's lengths."""
   main = objectives.get(data.objective)
-  if not data.get('mixture'):
-    objectives.check_mode(data, main, 'data')
-    return [('', data, main)]
   declared, listed = main.features(data), []
   for name in sorted(data.mixture):
     where = f'data.mixture.{name}'
@@ -94,7 +91,8 @@ def components(data: ml_collections.ConfigDict) -> list[tuple[str, ml_collection
       raise ValueError(f'{where}.objective={view.objective!r} is not one of '
                        f'{", ".join(objectives.OBJECTIVES)}')
     objective = objectives.OBJECTIVES[view.objective]
-    objectives.check_mode(view, objective, where)
+    own = set(data.mixture[name]) & set(objectives.SETTINGS) - {'objective'}
+    objectives.check_reads(view, sorted(own | set(objectives.set_mode(view))), objective, where)
     if type(objective).loss is not type(main).loss:
       raise ValueError(f'{where}.objective={objective.name!r} computes another loss than '
                        f'data.objective={main.name!r}; a mixture trains one loss')

@@ -17,13 +17,16 @@ examples, whatever the size of the tokens.
 
 `data.objective` names the objective (t5lite/objectives/) that gives the raw length of a chunk,
 the transform that noises it, the packed rows' lengths and the feature converter; every batch
-holds exactly the features it declares. A mixture (t5lite/inputs/mixture.py) reads its
-components' streams by the schedule in one chain of tf.data ops per objective and settings, each
-row from the chain of its component, in the schedule's order. Settings an objective lets vary
-row by row (its `row_settings`: span corruption's noise and mode) do not split a chain: each
-chunk carries its stream's values. So corpora mixed under one objective are one chain, and UL2's
-seven denoisers two (six span corruptions, one prefix LM). The run's objective converts them
-all, so every component must make its features (`mixture.components`).
+holds exactly the features it declares. A single source is `_source_rows`: global row r is
+example r of its one stream. A mixture (`_mixture_batches`; its schedule is
+t5lite/inputs/mixture.py's) builds the same chain over several streams, and only which stream
+and example a row is changes (`_scheduled` in place of `_single_stream`): one chain of tf.data
+ops per objective and settings, each row from the chain of its component, in the schedule's
+order. Settings an objective lets vary row by row (its `row_settings`: span corruption's noise
+and mode) do not split a chain: each chunk carries its stream's values. So corpora mixed under
+one objective are one chain, and UL2's seven denoisers two (six span corruptions, one prefix
+LM). The run's objective converts them all, so every component must make its features
+(`mixture.components`).
 
 TensorFlow never sees an accelerator (see `t5lite/data/tf_setup.py`); tf.data runs on
 `data.threads` threads per process.
@@ -98,99 +101,134 @@ def make_pipeline(data: ml_collections.ConfigDict, split: str = 'train', *, shar
   from global batch `first_batch` (or a position: {'batch', and a mixture's segment}) on. One
   ValueError line for anything in `data` that cannot work."""
   position = first_batch if isinstance(first_batch, dict) else {'batch': first_batch}
-  first_batch = position['batch']
   vocab = vocabulary.load_vocabulary(data.vocabulary)
   per_process = share.stop - share.start
-  segment = None
   if data.get('mixture'):
-    mixture.check_components(data.mixture)
-    weights = {name: component.weight for name, component in data.mixture.items()}
-    segment = mixture.resumed_segment(weights, position, first_batch * data.batch_size)
-    rows = _mixture_rows(data, split, vocab, share, first_batch, segment)
+    batches, segment = _mixture_batches(data, split, vocab, share, position)
+    resume = segment.position()
   else:
-    rows = _source_rows(data, split, vocab, share, first_batch)
-  batches = rows.batch(per_process, drop_remainder=True)
-  if segment:  # each row's component beside the features, a batch at a time
-    batches = tf.data.Dataset.zip(batches, tf.data.Dataset.range(first_batch, _ENDLESS).map(
-        plain(lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
-            per_process, dtype=tf.int64))[0]))).map(
-                plain(lambda batch, component: {**batch, 'component': component}))
+    batches = _source_rows(data, split, vocab, share, position['batch']).batch(
+        per_process, drop_remainder=True)
+    resume = {}
   return Pipeline(_model_features(batches, objectives.get(data.objective), data, per_process),
-                  first_batch, segment.position() if segment else {})
+                  position['batch'], resume)
 
 
 def _source_rows(data: ml_collections.ConfigDict, split: str, vocab, share: slice,
                  first_batch: int) -> tf.data.Dataset:
-  """One source's packed rows, from global batch `first_batch` on: its chunks, noised by
-  data.objective."""
-  [component] = mixture.components(data)  # ('', data, its objective), its mode checked
-  return _group_rows([(0, component)], split, vocab, share, first_batch, None, alone=True)
+  """One source's packed rows, from global batch `first_batch` on: global row r is example r of
+  its stream, noised by data.objective."""
+  objective = objectives.get(data.objective)
+  objectives.check_reads(data, objectives.set_mode(data), objective, 'data')
+  examples = _indexed_examples([_stream(data, objective, split)], data, share, first_batch,
+                               objective.pairs)
+  return _noised_rows(examples, data, objective, vocab)
 
 
-def _mixture_rows(data: ml_collections.ConfigDict, split: str, vocab, share: slice,
-                  first_batch: int, segment: mixture.Segment) -> tf.data.Dataset:
-  """A mixture's packed rows, from global batch `first_batch` on: a chain per group of its
-  components (`_groups`), each row from its component's chain in the schedule's order."""
+def _stream(data: ml_collections.ConfigDict, objective: objectives.Objective, split: str,
+            name: str = '') -> '_Stream':
+  """`data`'s split cut into `objective`'s chunks; one line naming mixture component `name`
+  (data's one source if '') for a source that cannot give one."""
+  where = f'data.mixture.{name}' if name else ''
+  try:
+    raw_length = objective.raw_length(data)
+    tokens = store.split_tokens(data, split)
+  except (ValueError, FileNotFoundError) as error:
+    if not name:
+      raise
+    raise ValueError(f'{where}: {str(error).removeprefix("data.source: ")}') from None
+  if tokens.size < raw_length:
+    raise ValueError(f'{where + ": " if name else ""}the {split} split has {tokens.size} tokens, '
+                     f'fewer than one example of {raw_length}; add text or change '
+                     'data.validation_fraction' + (f' ({tokens.skipped})' if tokens.skipped else ''))
+  if tokens.skipped and split != 'validation':  # once a source, and only when it is taken
+    logging.warning('%s: %s', where or 'data.source', tokens.skipped)
+  # A component's random choices are keyed by its name; a single source's as before mixtures.
+  return _Stream(tokens, raw_length, objective.row_values(data),
+                 [data.seed, 2 * zlib.crc32(name.encode()) if name else 0])
+
+
+def _noised_rows(examples: tf.data.Dataset, data: ml_collections.ConfigDict,
+                 objective: objectives.Objective, vocab) -> tf.data.Dataset:
+  """Raw chunks -> `objective`'s examples, an example per packed row (only BART's inputs fall
+  short of their row)."""
+  return parallel_map(objective.transform(examples, data, vocab),
+                      functools.partial(packing.pad_rows, lengths=objective.row_lengths(data)))
+
+
+def _mixture_batches(data: ml_collections.ConfigDict, split: str, vocab, share: slice,
+                     position: dict) -> tuple[tf.data.Dataset, mixture.Segment]:
+  """A mixture's batches from `position` on, each row's component beside them, and the schedule
+  segment in force: a chain per group of its components (`_groups`), each row from its
+  component's chain, in the schedule's order."""
+  mixture.check_components(data.mixture)
+  first_batch, per_process = position['batch'], share.stop - share.start
+  segment = mixture.resumed_segment(
+      {name: component.weight for name, component in data.mixture.items()}, position,
+      first_batch * data.batch_size)
   groups = _groups(mixture.components(data))
-  chains = [_group_rows(group, split, vocab, share, first_batch, segment, alone=len(groups) == 1)
-            for group in groups]
-  if len(chains) == 1:
-    return chains[0]
+  chains = []
+  for group in groups:
+    streams = [_stream(view, objective, split, name) for _, (name, view, objective) in group]
+    _, (_, view, objective) = group[0]
+    examples = _indexed_examples(streams, view, share, first_batch, objective.pairs,
+                                 _scheduled(segment, [index for index, _ in group]))
+    chains.append(_noised_rows(examples, view, objective, vocab))
   group_of = np.zeros(len(segment.schedule.names), np.int64)  # each component's group
   for g, group in enumerate(groups):
     group_of[[index for index, _ in group]] = g
-  return tf.data.Dataset.choose_from_datasets(chains, _row_blocks(
-      share, first_batch, data.batch_size, segment).map(
-          plain(lambda _, c: tf.gather(group_of, c))).unbatch())
-
-
-# What a component reads, not how its text becomes examples: components that differ only in these
-# (and in their objective's `row_settings`) share one tf.data chain (a chain per component costs
-# a mixture a quarter of its rate).
-_SOURCE_SETTINGS = ('source', 'text_key', 'validation_fraction', 'mixture')
+  rows = chains[0] if len(chains) == 1 else tf.data.Dataset.choose_from_datasets(
+      chains, _row_blocks(share, first_batch, data.batch_size).map(
+          plain(lambda rows: tf.gather(group_of, _locate(segment, rows)[0]))).unbatch())
+  components = tf.data.Dataset.range(first_batch, _ENDLESS).map(plain(  # a batch's at a time
+      lambda k: _locate(segment, k * data.batch_size + share.start + tf.range(
+          per_process, dtype=tf.int64))[0]))
+  batches = tf.data.Dataset.zip(rows.batch(per_process, drop_remainder=True), components).map(
+      plain(lambda batch, component: {**batch, 'component': component}))
+  return batches, segment
 
 
 def _groups(components: list) -> list[list[tuple[int, tuple]]]:
-  """The components (index, (name, data, objective)) grouped by objective and settings."""
+  """The components (index, (name, data, objective)) grouped by objective and the settings of it
+  that are not row settings: a group shares one tf.data chain (a chain per component costs a
+  mixture a quarter of its rate)."""
   groups = {}
   for index, (name, view, objective) in enumerate(components):
-    shared = (k for k in view if k not in _SOURCE_SETTINGS + objective.row_settings)
-    key = (objective.name, *sorted((k, repr(view[k])) for k in shared))
+    key = (objective.name, *(repr(view[setting]) for setting in objective.settings
+                             if setting not in objective.row_settings))
     groups.setdefault(key, []).append((index, (name, view, objective)))
   return list(groups.values())
 
 
-def _group_rows(group: list, split: str, vocab, share: slice, first_batch: int,
-                segment: mixture.Segment | None, alone: bool) -> tf.data.Dataset:
-  """This process's packed rows of a group of sources (a mixture's components, or data's one
-  source) that share an objective and its settings, from global batch `first_batch` on: their
-  chunks, noised by that objective. `alone`: the group has every row."""
-  streams = []
-  for _, (name, view, objective) in group:
-    try:
-      raw_length = objective.raw_length(view)
-      tokens = store.split_tokens(view, split)
-    except (ValueError, FileNotFoundError) as error:
-      if not name:
-        raise
-      raise ValueError(f'data.mixture.{name}: {str(error).removeprefix("data.source: ")}'
-                       ) from None
-    if tokens.size < raw_length:
-      raise ValueError(f'{f"data.mixture.{name}: " if name else ""}the {split} split has '
-                       f'{tokens.size} tokens, fewer than one example of {raw_length}; add text '
-                       'or change data.validation_fraction'
-                       + (f' ({tokens.skipped})' if tokens.skipped else ''))
-    if tokens.skipped and split != 'validation':  # once a source, and only when it is taken
-      logging.warning('%s: %s', f'data.mixture.{name}' if name else 'data.source', tokens.skipped)
-    # A component's random choices are keyed by its name; a single source's as before mixtures.
-    streams.append(_Stream(tokens, raw_length, objective.row_values(view),
-                           [view.seed, 2 * zlib.crc32(name.encode()) if name else 0]))
-  _, (_, view, objective) = group[0]
-  examples = _indexed_examples(streams, view, share, first_batch, objective.pairs, segment,
-                               None if alone else [index for index, _ in group])
-  return parallel_map(  # an example per row (only BART's inputs fall short of theirs)
-      objective.transform(examples, view, vocab),
-      functools.partial(packing.pad_rows, lengths=objective.row_lengths(view)))
+def _scheduled(segment: mixture.Segment, members: list[int]):
+  """Global rows -> (stream, example number) for the chain of mixture components `members`, by
+  `segment`'s schedule: a component's stream is its place in `members`, -1 another chain's."""
+  stream_of = tf.constant([members.index(c) if c in members else -1
+                           for c in range(len(segment.schedule.names))], tf.int64)
+
+  def locate(rows):
+    component, example = _locate(segment, rows)
+    return tf.gather(stream_of, component), example
+
+  return locate
+
+
+def _locate(segment: mixture.Segment, row):
+  """(component, its example number) of global row `row` (or of each of a vector of rows): the
+  schedule's lookup, in TF."""
+  schedule = segment.schedule
+  position = (row - segment.start) % schedule.cycle
+  component = tf.gather(tf.constant(schedule.component, tf.int64), position)
+  example = (tf.gather(tf.constant(segment.examples), component)
+             + (row - segment.start) // schedule.cycle * tf.gather(
+                 tf.constant(schedule.rows), component)
+             + tf.gather(tf.constant(schedule.rank), position))
+  return component, example
+
+
+def _single_stream(rows):
+  """Global rows -> (stream, example number) for a single source: row r is its example r."""
+  return tf.zeros_like(rows), rows
 
 
 class _Stream:
@@ -207,44 +245,25 @@ class _Stream:
     self.other_key = tf.constant([seed[0], seed[1] + 1], tf.int64)
 
 
-def _row_blocks(share: slice, first_batch: int, batch_size: int,
-                segment: mixture.Segment | None = None) -> tf.data.Dataset:
-  """The global rows this process feeds, from batch `first_batch` on, ROW_BLOCK at a time (ops
-  on vectors: a mixture's every component looks up every row), and with a `segment`, each one's
-  component: int64[ROW_BLOCK], or (rows, components)."""
+def _row_blocks(share: slice, first_batch: int, batch_size: int) -> tf.data.Dataset:
+  """The global rows this process feeds, from batch `first_batch` on, ROW_BLOCK at a time
+  (int64[ROW_BLOCK]: ops on vectors, as a mixture's every component looks up every row)."""
   per_process = share.stop - share.start
 
   def block(first):
     n = first + tf.range(ROW_BLOCK, dtype=tf.int64)
-    rows = n // per_process * batch_size + share.start + n % per_process
-    return (rows, _locate(segment, rows)[0]) if segment else rows
+    return n // per_process * batch_size + share.start + n % per_process
 
   return tf.data.Dataset.range(first_batch * per_process, _ENDLESS, ROW_BLOCK).map(plain(block))
 
 
-def _locate(segment: mixture.Segment | None, row):
-  """(component, its example number) of global row `row` (or of each of a vector of rows): the
-  schedule's lookup, in TF."""
-  if segment is None:
-    return tf.zeros_like(row), row
-  schedule = segment.schedule
-  position = (row - segment.start) % schedule.cycle
-  component = tf.gather(tf.constant(schedule.component, tf.int64), position)
-  example = (tf.gather(tf.constant(segment.examples), component)
-             + (row - segment.start) // schedule.cycle * tf.gather(
-                 tf.constant(schedule.rows), component)
-             + tf.gather(tf.constant(schedule.rank), position))
-  return component, example
-
-
 def _indexed_examples(streams: list[_Stream], data, share: slice, first_batch: int,
-                      pairs: bool = False, segment: mixture.Segment | None = None,
-                      members: list[int] | None = None) -> tf.data.Dataset:
+                      pairs: bool = False, locate=_single_stream) -> tf.data.Dataset:
   """This process's raw chunks from global batch `first_batch` on: {'targets', 'seed', the
   stream's row values}, and with `pairs` 'other': a chunk's length of tokens from a random
-  place of the split. One stream, or the streams of a mixture's components `members` (all of
-  them if None) by `segment`'s schedule."""
-  chain = _Chain(streams, pairs, segment, members)
+  place of the split. `locate` says which stream and example each global row is: a single
+  source's, or a mixture's by its schedule (`_scheduled`)."""
+  chain = _Chain(streams, pairs, locate)
   located = _row_blocks(share, first_batch, data.batch_size).map(plain(chain.located)).unbatch()
   return parallel_map(parallel_map(located, chain.place).batch(READ_EXAMPLES),
                       chain.read).unbatch()
@@ -255,9 +274,8 @@ class _Chain:
   vectors, and the three steps from a global row to its chunk: `located` (its stream and example
   number), `place` (where its chunk begins, and its seed), `read` (the tokens)."""
 
-  def __init__(self, streams: list[_Stream], pairs: bool, segment: mixture.Segment | None,
-               members: list[int] | None):
-    self.streams, self.pairs, self.segment = streams, pairs, segment
+  def __init__(self, streams: list[_Stream], pairs: bool, locate):
+    self.streams, self.pairs, self.locate = streams, pairs, locate
 
     def stacked(attribute):
       return tf.stack([tf.cast(getattr(s, attribute), tf.int64) for s in streams])
@@ -273,18 +291,13 @@ class _Chain:
                           if pairs else {})}
     self.longest = max(s.raw_length for s in streams)
     self.ragged = any(s.raw_length != self.longest for s in streams)
-    names = segment.schedule.names if segment else ['']
-    member_list = range(len(names)) if members is None else members
-    self.stream_of = tf.constant([member_list.index(c) if c in member_list else -1
-                                  for c in range(len(names))], tf.int64)
 
   def located(self, rows):
-    """A block of rows, kept where their component is one of this chain's: each one's stream s
-    (its component's), the example's place i in it, and what `place` needs of the stream,
-    looked up on vectors (row by row, these lookups cost every pipeline, a single source's too,
-    about 4% of its rate: docs/notes/input-pipeline.md)."""
-    c, i = _locate(self.segment, rows)
-    s = tf.gather(self.stream_of, c)
+    """A block of rows, kept where they are one of this chain's streams: each one's stream s, the
+    example's place i in it, and what `place` needs of the stream, looked up on vectors (row by
+    row, these lookups cost every pipeline, a single source's too, about 4% of its rate:
+    docs/notes/input-pipeline.md)."""
+    s, i = self.locate(rows)
     kept = s >= 0
     i, s = tf.boolean_mask(i, kept), tf.boolean_mask(s, kept)
     return {'i': i, 's': s,

@@ -56,12 +56,20 @@ def get(name: str) -> Objective:
   return OBJECTIVES[name]
 
 
-def check_mode(data: ml_collections.ConfigDict, objective: Objective, where: str) -> None:
-  """A mode (UL2's, the text inputs start with) only for objectives that carry one per row."""
-  if data.get('mode') and 'mode' not in objective.row_settings:
-    take = [name for name, known in OBJECTIVES.items() if 'mode' in known.row_settings]
-    raise ValueError(f'{where}.mode={data.mode!r}: data.objective={objective.name!r} has no '
-                     f'inputs to start with it; only {" and ".join(take)} take a mode')
+def check_reads(settings: ml_collections.ConfigDict, names, objective: Objective,
+                where: str) -> None:
+  """Refuses, in one line, a setting of `names` that `objective` does not read (a mixture
+  component's own, or a mode, which no objective has a default for)."""
+  for name in names:
+    if name not in objective.settings:
+      take = [known.name for known in OBJECTIVES.values() if name in known.settings]
+      raise ValueError(f'{where}.{name}={settings[name]!r}: {objective.name} does not read '
+                       f'{name} (only {", ".join(take)} do)')
+
+
+def set_mode(data: ml_collections.ConfigDict) -> list[str]:
+  """['mode'] if `data` sets a mode (UL2's mode token, the text inputs start with), else []."""
+  return ['mode'] if data.get('mode') else []
 
 
 def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Objective:
@@ -69,7 +77,7 @@ def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Object
   together, before a run reads data or compiles anything. (A mixture's components are checked
   with theirs by t5lite/inputs/mixture.py: `check_objectives`.)"""
   objective = get(config.data.objective)
-  check_mode(config.data, objective, 'data')
+  check_reads(config.data, set_mode(config.data), objective, 'data')
   objective.check(config, model_cfg)
   distillation.check(config, objective)
   return objective
@@ -85,5 +93,5 @@ def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
   return objective.loss(model_cfg, config.train, exact_match=exact_match)
 
 
-__all__ = ['OBJECTIVES', 'SETTINGS', 'Loss', 'Objective', 'base', 'check_mode', 'check_settings',
-           'for_run', 'get', 'make_loss']
+__all__ = ['OBJECTIVES', 'SETTINGS', 'Loss', 'Objective', 'base', 'check_reads', 'check_settings',
+           'for_run', 'get', 'make_loss', 'set_mode']

@@ -15,6 +15,7 @@ from t5lite.token_ids import EOS_ID
 
 class Bart(base.EncoderDecoderObjective):
   name = 'bart'
+  settings = ('noise_density', 'mean_noise_span_length')
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """targets_length - 1 tokens (the original + EOS); the noised inputs are never longer."""

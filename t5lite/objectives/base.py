@@ -70,9 +70,13 @@ class Objective:
   # Next-sentence pairs: each chunk comes with an 'other' chunk of random text, and every
   # example fills its own row (never packed: the label and [CLS] are the row's)
   pairs: bool = False
-  # Settings that may differ from one raw chunk to the next of a tf.data chain: each chunk
-  # carries its own values (`row_values`), so a mixture's components that differ only in these
-  # are read together (UL2's six span-corruption denoisers in one chain, not six)
+  # The settings of config.data its transform reads besides the lengths (of
+  # t5lite/objectives/__init__.py's SETTINGS): what a mixture component may set for it, each
+  # range-checked once (`objectives.check_settings`); a component setting another is refused
+  settings: tuple[str, ...] = ()
+  # Those of `settings` that may differ from one raw chunk to the next of a tf.data chain: each
+  # chunk carries its own values (`row_values`), so a mixture's components that differ only in
+  # these are read together (UL2's six span-corruption denoisers in one chain, not six)
   row_settings: tuple[str, ...] = ()
   token_loss = True  # the loss is `token_loss`: it can be chunked, distilled and exact-matched
 

@@ -19,6 +19,7 @@ from t5lite.token_ids import PAD_ID, UNK_ID
 class MaskedLM(base.Objective):
   name = 'mlm'
   sides = ('encoder',)
+  settings = ('noise_density',)
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """A chunk of inputs_length tokens, masked in place; the targets have the same length."""

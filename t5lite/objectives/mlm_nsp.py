@@ -22,6 +22,7 @@ from t5lite.token_ids import PAD_ID
 class MaskedLMNextSentence(base.Objective):
   name = 'mlm_nsp'
   sides = ('encoder',)
+  settings = ('noise_density',)
   pairs = True
   token_loss = False
 

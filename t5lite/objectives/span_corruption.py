@@ -23,7 +23,7 @@ from t5lite.token_ids import EOS_ID, PAD_ID
 
 class SpanCorruption(base.EncoderDecoderObjective):
   name = 'span_corruption'
-  row_settings = ('noise_density', 'mean_noise_span_length', 'mode')
+  settings = row_settings = ('noise_density', 'mean_noise_span_length', 'mode')
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """random_spans_helper's raw length for the inputs the mode tokens leave; checks that the

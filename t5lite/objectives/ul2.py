@@ -70,7 +70,7 @@ class SeqToSeqLM(base.EncoderDecoderObjective):
     raw A B C D E, prefix 2  ->  inputs A B EOS, targets C D E EOS
   """
   name = 'seq2seq_lm'
-  row_settings = ('mode',)
+  settings = row_settings = ('mode',)
 
   def raw_length(self, data: ml_collections.ConfigDict) -> int:
     """The inputs the mode tokens leave: the longest prefix (all the chunk but one token) and

@@ -236,7 +236,12 @@ def test_weights_of_1e308_mix_as_weights_of_1(texts, tmp_path, capsys):
      "'span_corruption' at the run's lengths (decoder_input_tokens)"),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=bart',
       '--config.data.mixture.web.mode=[NLU]'],
-     "data.mixture.web.mode='[NLU]': data.objective='bart' has no inputs to start with it"),
+     "data.mixture.web.mode='[NLU]': bart does not read mode (only span_corruption, "
+     "seq2seq_lm do)"),
+    (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=seq2seq_lm',
+      '--config.data.targets_length=32', '--config.data.mixture.web.noise_density=0.3'],
+     "data.mixture.web.noise_density=0.3: seq2seq_lm does not read noise_density (only "
+     "span_corruption, mlm, mlm_nsp, bart, electra do)"),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=1.5'],
      'config.data.mixture.web.noise_density=1.5 must be in [0, 1)'),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=0.5'],
