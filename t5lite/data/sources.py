@@ -209,8 +209,9 @@ def _file_input(name: str, text_key: str, flag: str) -> Input:
                        'data.source')
     if not paths.path(name).exists():
       raise FileNotFoundError(f'{flag}: {name}: no such file or folder')
-    raise ValueError(f'{flag}: {name} is not .txt, .jsonl (optionally .gz, .xz or .zst) or '
-                     '.parquet')
+    raise ValueError(f'{flag}: {name} is not {", ".join(TEXT_KINDS)} (optionally '
+                     f'{", ".join(COMPRESSIONS[:-1])} or {COMPRESSIONS[-1]}) or '
+                     f'{" or ".join(KINDS[len(TEXT_KINDS):])}')
   files.check_file(name, flag)
   if kind == '.parquet':
     return _ParquetInput(name, text_key, flag)

@@ -59,12 +59,13 @@ def test_non_utf8_paragraphs_are_skipped_not_fatal(tmp_path):
 @pytest.mark.parametrize('make_source, message', [
     (lambda d: str(d / 'missing.txt'), 'no such file'),
     (lambda d: str(d / 'nothing*.jsonl'), 'matches no files'),
-    (lambda d: str(d / 'notes.csv'), r'is not .txt, .jsonl \(optionally .gz, .xz or .zst\)'),
+    (lambda d: str(d / 'notes.docx'),
+     r'is not .txt, .jsonl \(optionally .gz, .xz or .zst\) or .parquet$'),
     (lambda d: str(d / 'empty.txt'), 'holds no text'),
     (lambda d: 'tfds:c4/en:3.1.0', 'is not prepared in'),
 ])
 def test_unusable_sources_fail_with_one_line(tmp_path, make_source, message):
-  (tmp_path / 'notes.csv').write_text('a,b')
+  (tmp_path / 'notes.docx').write_text('a,b')
   (tmp_path / 'empty.txt').write_text('')
   with pytest.raises((ValueError, FileNotFoundError), match=message) as error:
     sources.read_documents(make_source(tmp_path))

@@ -234,7 +234,7 @@ BAD_INPUTS = {
                                     "the column 'text' holds int64, not text"),
     'a file that is no parquet': (lambda d: d / 'fake.parquet', 'is not a parquet file'),
     'a folder named like a file': (lambda d: d / 'folder.jsonl', 'is a folder, not a file'),
-    'a file of another kind': (lambda d: d / 'notes.csv', 'is not .txt, .jsonl'),
+    'a file of another kind': (lambda d: d / 'notes.docx', 'is not .txt, .jsonl'),
 }
 
 
@@ -250,7 +250,7 @@ def bad_inputs(tmp_path_factory):
   pq.write_table(pa.table({'text': [1, 2]}), folder / 'numbers.parquet')
   (folder / 'fake.parquet').write_bytes(b'PAR1 not really')
   (folder / 'folder.jsonl').mkdir()
-  (folder / 'notes.csv').write_text('a,b\n')
+  (folder / 'notes.docx').write_text('a,b\n')
   return folder
 
 
