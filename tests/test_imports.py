@@ -7,7 +7,8 @@ import pathlib
 import subprocess
 import sys
 
-MODULES = ('t5lite.models', 't5lite.train.loop', 't5lite.commands.evaluate',
+# The objectives define tf.data transforms, and load TensorFlow only when one runs (tf_setup.tf)
+MODULES = ('t5lite.models', 't5lite.objectives', 't5lite.train.loop', 't5lite.commands.evaluate',
            't5lite.commands.plan', 't5lite.inputs.batches', 't5lite.export.hf', 't5lite.token_ids')
 
 
