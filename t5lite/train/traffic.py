@@ -1,0 +1,145 @@
+"""The bytes a train step sends over the data-center network (DCN) and over ICI, for `t5lite plan`.
+
+Two ways, which the plan shows side by side where it compiles:
+- analytic, from the parameter bytes and the mesh, counting the collectives a sharded step
+  needs as ring algorithms do (an all-reduce of B bytes among n sends 2(n-1)/n * B per member;
+  an all-gather or reduce-scatter (n-1)/n * B);
+- from the compiled HLO: every collective whose replica groups span slices, counted as XLA's
+  hierarchical collectives send it (inside each slice over ICI first, so only each slice's
+  share crosses DCN).
+
+Worked example, data parallelism over 2 slices of 4 devices, 100 MB of float32 gradients: each
+slice sends 2 * (2-1)/2 * 100 MB = 100 MB over DCN a step, 25 MB from each device; the HLO's
+all-reduce of the gradients over all 8 devices (2 slices) counts 2 * 1/2 * 100 MB / 4 = 25 MB
+per device too.
+"""
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from t5lite.models import family
+from t5lite.models.config import ModelConfig
+
+
+def all_reduce(nbytes: float, members: int) -> float:
+  """Bytes each member of a ring all-reduce of `nbytes` sends."""
+  return 2 * (members - 1) / members * nbytes
+
+
+def all_gather(nbytes: float, members: int) -> float:
+  """Bytes each member sends in a ring all-gather of `nbytes` (or a reduce-scatter of them)."""
+  return (members - 1) / members * nbytes
+
+
+def dcn_bytes_per_slice(param_bytes: float, dcn_data: int, dcn_fsdp: int) -> float:
+  """Bytes one slice sends over DCN in a step: the all-reduce of its gradients across the
+  dcn_data replicas (of the 1/dcn_fsdp it keeps) and, across dcn_fsdp, ZeRO-3's two all-gathers
+  of the parameters (forward, backward) and one reduce-scatter of the gradients."""
+  return (all_reduce(param_bytes / dcn_fsdp, dcn_data)
+          + 3 * all_gather(param_bytes, dcn_fsdp))
+
+
+def tensor_parallel_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int,
+                          rows: float, tensor: int) -> float:
+  """Bytes a device sends over ICI for tensor parallelism in a step: Megatron's two all-reduces
+  of each sublayer (self-attention, cross-attention, MLP) of its (rows, length, d_model) output,
+  one forward and one of its gradient backward."""
+  shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
+  itemsize = np.dtype(cfg.dtype).itemsize
+  sublayer_bytes = sum(
+      stack.layers * (2 + bool(stack.cross_length)) * rows * stack.length * cfg.d_model
+      for stack in shapes.stacks) * itemsize
+  return 2 * all_reduce(sublayer_bytes, tensor)
+
+
+def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
+                     ici: Mapping[str, int], dcn: Mapping[str, int]) -> dict[str, float]:
+  """DCN bytes per slice and per device, and ICI bytes per device, of one step.
+
+  `ici` and `dcn` are the mesh's sizes inside a slice and across slices ('data', 'fsdp',
+  'tensor'). Inside a slice a device reduce-scatters the gradients of its tensor shard over the
+  slice's batch devices, all-gathers them back over data, and gathers fsdp-sharded parameters
+  twice; tensor parallelism adds `tensor_parallel_bytes`.
+  """
+  per_slice = math.prod(ici.values())
+  dcn_slice = dcn_bytes_per_slice(param_bytes, dcn['data'], dcn['fsdp'])
+  gradients = param_bytes / (ici['tensor'] * dcn['fsdp'])  # what the slice's batch devices reduce
+  batch_devices = ici['data'] * ici['fsdp']
+  rows = data_cfg.batch_size / (batch_devices * dcn['data'] * dcn['fsdp'])
+  ici_device = (all_gather(gradients, batch_devices)
+                + all_gather(gradients / ici['fsdp'], ici['data'])
+                + 2 * all_gather(gradients, ici['fsdp'])
+                + tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length,
+                                        rows, ici['tensor']))
+  return {'dcn_per_slice': dcn_slice, 'dcn_per_device': dcn_slice / per_slice,
+          'ici_per_device': ici_device}
+
+
+COLLECTIVE = re.compile(r'^\s*\S+ = (?P<type>.*?) (?P<op>all-reduce|all-gather|reduce-scatter|'
+                        r'all-to-all)(?P<start>-start)?\(')
+ARRAY = re.compile(r'\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\]')
+IOTA_GROUPS = re.compile(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?')
+LISTED_GROUPS = re.compile(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}')
+MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+
+
+def array_bytes(text: str) -> list[int]:
+  """Bytes of each array type in an HLO type string, '(f32[4,8]{1,0}, bf16[2])' -> [128, 4]."""
+  sizes = []
+  for dtype, dims in ARRAY.findall(text):
+    bits = 8 if dtype == 'pred' else int(re.match(r'[a-z]+(\d+)', dtype)[1])
+    sizes.append(math.prod(int(d) for d in dims.split(',') if d) * bits // 8)
+  return sizes
+
+
+def replica_groups(line: str, num_devices: int) -> np.ndarray:
+  """The (groups, members) device ids of one collective's HLO line, in any of the three forms
+  XLA prints: listed ({{0,1},{2,3}}), iota ([2,2]<=[4]) or mesh axes (mesh['a'=2,'b'=2] {'a'}:
+  the devices that differ only along the named axes)."""
+  if match := MESH_GROUPS.search(line):
+    axes = re.findall(r"'(\w+)'=(\d+)", match[1])
+    ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
+    names = [name for name, _ in axes]
+    inside = [names.index(name) for name in re.findall(r"'(\w+)'", match[2])]
+    ids = ids.transpose([i for i in range(len(names)) if i not in inside] + inside)
+    return ids.reshape(-1, math.prod(int(axes[i][1]) for i in inside))
+  if match := IOTA_GROUPS.search(line):
+    dims = [int(d) for d in match[3].split(',')]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if match[4]:
+      ids = ids.transpose([int(p) for p in match[4].split(',')])
+    return ids.reshape(int(match[1]), int(match[2]))
+  match = LISTED_GROUPS.search(line)
+  groups = [[int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', match[1])
+            ] if match else []
+  return np.array(groups) if groups and groups[0] else np.arange(num_devices)[None]
+
+
+def hlo_dcn_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> float:
+  """Bytes per device that a compiled step's collectives send between slices, on average.
+
+  `slice_of_device[i]`: the slice of device i of the executable (the mesh's devices in order).
+  A collective among m devices of n slices sends n/m of its ring share per device over DCN:
+  XLA reduces inside each slice first. Collectives inside a loop (a scanned layer stack) are
+  counted once, as XLA's own cost analysis counts them.
+  """
+  slices = np.asarray(slice_of_device)
+  total = 0.0
+  for line in hlo_text.splitlines():
+    match = COLLECTIVE.search(line)
+    if not match:
+      continue
+    arrays = array_bytes(match['type'])
+    if match['start'] and match['op'] == 'all-gather':
+      arrays = arrays[len(arrays) // 2:]  # an async all-gather's type is (operands, results)
+    groups = replica_groups(line, len(slices))
+    members = groups.shape[1]
+    nbytes = sum(arrays) * (members if match['op'] == 'reduce-scatter' else 1)
+    for group in groups:
+      spanned = len(set(slices[group]))
+      share = (all_reduce if match['op'] == 'all-reduce' else all_gather)(nbytes, spanned)
+      total += share * (members if match['op'] == 'all-to-all' else spanned)  # its members'
+  return total / len(slices)
