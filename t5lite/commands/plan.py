@@ -191,7 +191,8 @@ def plan_mesh(mesh_cfg, topology: Topology, devices):
     unit = 'nodes' if topology.platform == 'gpu' else 'slices'
     described = f'{topology.num_devices} {kind} devices in {topology.num_slices} {unit} of ' \
                 f'{per_slice}'
-    shape = mesh_lib.hybrid_shape(mesh_cfg, topology.num_slices, per_slice, described)
+    dcn, ici = mesh_lib.hybrid_shape(mesh_cfg, topology.num_slices, per_slice, described)
+    shape = tuple(across * inside for across, inside in zip(dcn, ici))
   except ValueError as error:
     raise ValueError(f'{topology.name}: {error}') from None
   return AbstractMesh(shape, mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))

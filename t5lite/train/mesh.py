@@ -104,10 +104,19 @@ def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def hybrid_shape(mesh_cfg, num_slices: int, per_slice: int, devices: str) -> tuple[int, ...]:
-  """The mesh's axis sizes, each its size in a slice times its size across slices."""
+def hybrid_shape(mesh_cfg, num_slices: int, per_slice: int,
+                 devices: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """The axis sizes across slices and inside one (MESH_AXES order); one line for either
+  mistake, the second saying that past one slice mesh.data, fsdp and tensor count a slice's
+  devices."""
   dcn = dcn_shape(mesh_cfg, num_slices, devices)
-  return tuple(d * i for d, i in zip(dcn, mesh_shape(mesh_cfg, per_slice)))
+  try:
+    return dcn, mesh_shape(mesh_cfg, per_slice)
+  except ValueError as error:
+    if num_slices == 1:
+      raise
+    raise ValueError(f'{error}: past one slice they lay out the {per_slice} devices of each '
+                     f'slice (the devices are {devices})') from None
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, *,
@@ -124,8 +133,7 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, *,
   if len({len(s) for s in slices}) > 1:
     raise ValueError(f'the devices are {described}: slices of different sizes cannot share '
                      'one mesh')
-  dcn = dcn_shape(mesh_cfg, len(slices), described)
-  ici = mesh_shape(mesh_cfg, len(slices[0]))
+  dcn, ici = hybrid_shape(mesh_cfg, len(slices), len(slices[0]), described)
   split = slices[0][0].device_kind in SPLIT_PHYSICAL_AXES_KINDS
   blocks = np.empty(dcn, dtype=object)
   for index, devices_of_slice in zip(np.ndindex(*dcn), slices):
