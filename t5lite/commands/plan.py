@@ -1,4 +1,5 @@
-"""`t5lite plan`: memory and FLOPs of one train step per device, on a topology you do not have.
+"""`t5lite plan`: memory and FLOPs of one train step per device, on a topology you do not have,
+and the bytes it sends over the data-center network and inside each slice (`network`).
 
 Three ways to know, the best available first:
 - a TPU slice with libtpu installed (the `tpu` extra): compile the real train step ahead of time
@@ -343,25 +344,26 @@ def speed(model_cfg: ModelConfig, data_cfg, topology: Topology, devices, mfu: fl
 
 
 def network(model_cfg: ModelConfig, config, run: run_lib.Run, topology: Topology,
-            compute_seconds: float) -> dict:
+            expected: dict) -> dict:
   """Bytes of a step over DCN and ICI (traffic.analytic_traffic), the seconds they take at the
-  chips' published bandwidths, and the step they bound: communication overlapped with compute,
-  the slowest of the three sets the pace."""
+  chips' published bandwidths, and the step they bound, with its MFU: communication overlapped
+  with compute (`expected`, speed's), the slowest of the three sets the pace."""
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.spec.abstract.params))
   dcn = {axis: int(config.mesh.get(key, 1)) for axis, key in mesh_lib.DCN_AXES.items()}
   dcn['tensor'] = 1
   ici = {axis: run.mesh.shape[axis] // dcn[axis] for axis in mesh_lib.MESH_AXES}
   result = traffic_lib.analytic_traffic(model_cfg, config.data, param_bytes, ici, dcn)
-  result['param_bytes'] = param_bytes
+  result.update(param_bytes=param_bytes, num_slices=topology.num_slices)
   chip = topology.chip
-  seconds = {'compute': compute_seconds}
+  seconds = {'compute': expected['step_seconds']}
   if chip and chip.ici_gbps:
     seconds['ICI'] = result['ici_per_device'] / (chip.ici_gbps * 1e9 / 8)
-  if chip and chip.dcn_gbps:
+  if chip and chip.dcn_gbps and topology.num_slices > 1:
     seconds['DCN'] = result['dcn_per_device'] / (chip.dcn_gbps * 1e9 / 8)
   result['seconds'] = seconds
   result['bound_by'] = max(seconds, key=seconds.get)
   result['step_seconds'] = seconds[result['bound_by']]
+  result['mfu'] = expected['mfu'] * expected['step_seconds'] / result['step_seconds']
   return result
 
 
@@ -394,16 +396,15 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
   result['analytic'] = analytic_memory(model_cfg, config, run.spec, batch, run.mesh,
                                        loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
-  result['network'] = network(model_cfg, config, run, topo, expected['step_seconds'])
-  result['network']['mfu'] = expected['mfu'] * expected['step_seconds'] / \
-      result['network']['step_seconds']
+  result['network'] = network(model_cfg, config, run, topo, expected)
   if devices is not None:
     compiled = compile_train_step(run, loss, batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
-    slice_of = slice_of_devices(topo, devices)
-    result['network']['hlo_dcn_per_device'] = traffic_lib.hlo_dcn_bytes(
-        compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
+    if topo.num_slices > 1:
+      slice_of = slice_of_devices(topo, devices)
+      result['network']['hlo_dcn_per_device'] = traffic_lib.hlo_dcn_bytes(
+          compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
   result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
   hbm = result['hbm_per_device']
   result['fits'] = None if hbm is None else result['memory_per_device'] <= hbm
@@ -441,7 +442,7 @@ def format_plan(result: dict) -> str:
   lines.append(f"at {result['mfu']:.0%} MFU of {result['peak_flops_per_device'] / 1e12:.4g} "
                f"TFLOP/s per device: {result['step_seconds']:.3g} s per step, "
                f"{result['tokens_per_second']:,.0f} tokens/s")
-  lines += network_lines(result['network'], result['mesh'])
+  lines += network_lines(result['network'])
   lines += [f'note: {note}' for note in result['notes']]
   return '\n'.join(lines)
 
@@ -450,13 +451,14 @@ def _mb(n) -> str:
   return f'{n / 1e6:,.1f} MB'
 
 
-def network_lines(net: dict, mesh: dict) -> list[str]:
+def network_lines(net: dict) -> list[str]:
   """The network part of format_plan: bytes over DCN and ICI, their seconds, the bound."""
   hlo = net.get('hlo_dcn_per_device')
+  dcn = (f"DCN {_mb(net['dcn_per_device'])} per device ({_mb(net['dcn_per_slice'])} per "
+         'slice), ' if net['num_slices'] > 1 else '')
   lines = [f"network per step, analytic (ring collectives, {_mb(net['param_bytes'])} of "
-           f"parameters): DCN {_mb(net['dcn_per_device'])} per device "
-           f"({_mb(net['dcn_per_slice'])} per slice), ICI {_mb(net['ici_per_device'])} per "
-           'device' + ('' if hlo is None else f'; compiled HLO: DCN {_mb(hlo)} per device')]
+           f"parameters): {dcn}ICI {_mb(net['ici_per_device'])} per device"
+           + ('' if hlo is None or not dcn else f'; compiled HLO: DCN {_mb(hlo)} per device')]
   times = ', '.join(f'{link} {seconds:.3g} s' for link, seconds in net['seconds'].items())
   lines.append(f'at the published bandwidths per chip: {times}; overlapped, '
                f"{net['step_seconds']:.3g} s per step, bound by {net['bound_by']} "

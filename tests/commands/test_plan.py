@@ -157,6 +157,8 @@ def test_format_plan_lines():
   text = plan_lib.format_plan(analytic_plan('t5_1_1_xxl', 'v5e-256', 'data.batch_size=256'))
   assert text.splitlines()[0].startswith('v5e-256: 256 x TPU v5 lite, mesh data=256 fsdp=1')
   assert 'fits in 16.00 GiB HBM: NO' in text and 'at 40% MFU of 197 TFLOP/s' in text
+  network = [line for line in text.splitlines() if line.startswith('network per step')]
+  assert len(network) == 1 and 'ICI' in network[0] and 'DCN' not in text  # one slice: no DCN
 
 
 @pytest.mark.parametrize('topology, overrides', [
