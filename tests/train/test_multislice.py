@@ -70,7 +70,7 @@ def test_the_batches_are_the_same_on_1_2_and_4_slices(small_data):
         np.testing.assert_array_equal(np.concatenate([p[name] for p in parts]), value)
 
 
-@pytest.mark.slow  # 32-50 s on 2 cores
+@pytest.mark.slow  # 15-50 s on 2 cores
 @pytest.mark.parametrize('hybrid, flat', [
     (dict(data=2, fsdp=2, dcn_data=2), dict(data=4, fsdp=2)),
     (dict(data=2, fsdp=2, dcn_fsdp=2), dict(data=2, fsdp=4)),
@@ -85,7 +85,7 @@ def test_two_slices_train_as_one_slice_of_the_same_shape(hybrid, flat):
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.slow  # 46 s on 2 cores
+@pytest.mark.slow  # 12-46 s on 2 cores
 def test_a_checkpoint_of_2_slices_resumes_on_1_and_on_4(tmp_path):
   """Saved with the parameters sharded over fsdp across 2 slices, restored (orbax reshards) on
   one slice of 8 and on 4 slices of 2: the same parameters bit for bit, and the next 2 steps give
