@@ -188,10 +188,8 @@ def plan_mesh(mesh_cfg, topology: Topology, devices):
   try:
     if devices is not None:
       return mesh_lib.make_mesh(mesh_cfg, devices, slice_of=slice_of_devices(topology, devices))
-    kind = topology.chip.device_kind if topology.chip else 'cpu'
-    unit = 'nodes' if topology.platform == 'gpu' else 'slices'
-    described = f'{topology.num_devices} {kind} devices in {topology.num_slices} {unit} of ' \
-                f'{per_slice}'
+    described = mesh_lib.describe_devices(topology.chip.device_kind if topology.chip else 'cpu',
+                                          topology.platform, [per_slice] * topology.num_slices)
     dcn, ici = mesh_lib.hybrid_shape(mesh_cfg, topology.num_slices, per_slice, described)
     shape = tuple(across * inside for across, inside in zip(dcn, ici))
   except ValueError as error:

@@ -76,14 +76,12 @@ def slices_of(devices: Sequence[jax.Device], slice_of=device_slice) -> list[list
   return [groups[key] for key in sorted(groups)]
 
 
-def describe_devices(slices: Sequence[Sequence[jax.Device]]) -> str:
+def describe_devices(kind: str, platform: str, slice_sizes: Sequence[int]) -> str:
   """'16 TPU v4 devices in 2 slices of 8': what a DCN mistake is measured against."""
-  first = slices[0][0]
-  unit = 'nodes' if first.platform == 'gpu' else 'slices'
-  sizes = sorted({len(s) for s in slices})
-  kind = first.device_kind if first.platform != 'cpu' else 'cpu'
-  return (f'{sum(map(len, slices))} {kind} devices in {len(slices)} '
-          f'{unit[:-1] if len(slices) == 1 else unit} of {"/".join(map(str, sizes))}')
+  unit = 'node' if platform == 'gpu' else 'slice'
+  sizes = '/'.join(map(str, sorted(set(slice_sizes))))
+  return (f'{sum(slice_sizes)} {kind} devices in {len(slice_sizes)} {unit}'
+          f'{"s" if len(slice_sizes) > 1 else ""} of {sizes}')
 
 
 def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
@@ -129,12 +127,14 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, *,
   (`device_slice`); tests pass another to make slices of CPU devices.
   """
   slices = slices_of(list(jax.devices() if devices is None else devices), slice_of)
-  described = describe_devices(slices)
+  first = slices[0][0]
+  described = describe_devices(first.device_kind if first.platform != 'cpu' else 'cpu',
+                               first.platform, [len(s) for s in slices])
   if len({len(s) for s in slices}) > 1:
     raise ValueError(f'the devices are {described}: slices of different sizes cannot share '
                      'one mesh')
   dcn, ici = hybrid_shape(mesh_cfg, len(slices), len(slices[0]), described)
-  split = slices[0][0].device_kind in SPLIT_PHYSICAL_AXES_KINDS
+  split = first.device_kind in SPLIT_PHYSICAL_AXES_KINDS
   blocks = np.empty(dcn, dtype=object)
   for index, devices_of_slice in zip(np.ndindex(*dcn), slices):
     blocks[index] = mesh_utils.create_device_mesh(ici, devices_of_slice,
