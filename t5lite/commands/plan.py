@@ -399,10 +399,9 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
     compiled = compile_train_step(run, loss, batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
-    if topo.num_slices > 1:
-      slice_of = slice_of_devices(topo, devices)
-      result['network']['hlo_dcn_per_device'] = traffic_lib.hlo_dcn_bytes(
-          compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
+    slice_of = slice_of_devices(topo, devices)
+    result['network']['hlo'] = traffic_lib.hlo_bytes(
+        compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
   result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
   hbm = result['hbm_per_device']
   result['fits'] = None if hbm is None else result['memory_per_device'] <= hbm
@@ -450,13 +449,16 @@ def _mb(n) -> str:
 
 
 def network_lines(net: dict) -> list[str]:
-  """The network part of format_plan: bytes over DCN and ICI, their seconds, the bound."""
-  hlo = net.get('hlo_dcn_per_device')
+  """The network part of format_plan: bytes over DCN and ICI (analytic, and counted in the
+  compiled step), their seconds, the bound; DCN only past one slice."""
+  slices = net['num_slices'] > 1
   dcn = (f"DCN {_mb(net['dcn_per_device'])} per device ({_mb(net['dcn_per_slice'])} per "
-         'slice), ' if net['num_slices'] > 1 else '')
+         'slice), ' if slices else '')
   lines = [f"network per step, analytic (ring collectives, {_mb(net['param_bytes'])} of "
-           f"parameters): {dcn}ICI {_mb(net['ici_per_device'])} per device"
-           + ('' if hlo is None or not dcn else f'; compiled HLO: DCN {_mb(hlo)} per device')]
+           f"parameters): {dcn}ICI {_mb(net['ici_per_device'])} per device"]
+  if hlo := net.get('hlo'):
+    compiled_dcn = f"DCN {_mb(hlo['dcn'])}, " if slices else ''
+    lines[0] += f"; compiled HLO: {compiled_dcn}ICI {_mb(hlo['ici'])} per device"
   times = ', '.join(f'{link} {seconds:.3g} s' for link, seconds in net['seconds'].items())
   lines.append(f'at the published bandwidths per chip: {times}; overlapped, '
                f"{net['step_seconds']:.3g} s per step, bound by {net['bound_by']} "

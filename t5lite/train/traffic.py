@@ -36,10 +36,11 @@ def all_gather(nbytes: float, members: int) -> float:
 
 def dcn_bytes_per_slice(param_bytes: float, dcn_data: int, dcn_fsdp: int) -> float:
   """Bytes one slice sends over DCN in a step: the all-reduce of its gradients across the
-  dcn_data replicas (of the 1/dcn_fsdp it keeps) and, across dcn_fsdp, ZeRO-3's two all-gathers
-  of the parameters (forward, backward) and one reduce-scatter of the gradients."""
-  return (all_reduce(param_bytes / dcn_fsdp, dcn_data)
-          + 3 * all_gather(param_bytes, dcn_fsdp))
+  dcn_data replicas (of the 1/dcn_fsdp it keeps) and, across dcn_fsdp, the reduce-scatter of the
+  gradients and one all-gather of the parameters. One: XLA keeps the gathered weights for the
+  backward pass, with or without remat, in the steps compiled on CPU (unscanned); a scanned
+  stack may gather them again in its backward loop, which a compiled plan's count shows."""
+  return all_reduce(param_bytes / dcn_fsdp, dcn_data) + 2 * all_gather(param_bytes, dcn_fsdp)
 
 
 def tensor_parallel_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int,
@@ -62,7 +63,7 @@ def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
   `ici` and `dcn` are the mesh's sizes inside a slice and across slices ('data', 'fsdp',
   'tensor'). Inside a slice a device reduce-scatters the gradients of its tensor shard over the
   slice's batch devices, all-gathers them back over data, and gathers fsdp-sharded parameters
-  twice; tensor parallelism adds `tensor_parallel_bytes`.
+  once (see dcn_bytes_per_slice); tensor parallelism adds `tensor_parallel_bytes`.
   """
   per_slice = math.prod(ici.values())
   dcn_slice = dcn_bytes_per_slice(param_bytes, dcn['data'], dcn['fsdp'])
@@ -71,7 +72,7 @@ def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
   rows = data_cfg.batch_size / (batch_devices * dcn['data'] * dcn['fsdp'])
   ici_device = (all_gather(gradients, batch_devices)
                 + all_gather(gradients / ici['fsdp'], ici['data'])
-                + 2 * all_gather(gradients, ici['fsdp'])
+                + all_gather(gradients, ici['fsdp'])
                 + tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length,
                                         rows, ici['tensor']))
   return {'dcn_per_slice': dcn_slice, 'dcn_per_device': dcn_slice / per_slice,
@@ -118,16 +119,18 @@ def replica_groups(line: str, num_devices: int) -> np.ndarray:
   return np.array(groups) if groups and groups[0] else np.arange(num_devices)[None]
 
 
-def hlo_dcn_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> float:
-  """Bytes per device that a compiled step's collectives send between slices, on average.
+def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]:
+  """Bytes per device, on average, that a compiled step's collectives send over DCN ('dcn') and
+  inside a slice ('ici').
 
   `slice_of_device[i]`: the slice of device i of the executable (the mesh's devices in order).
-  A collective among m devices of n slices sends n/m of its ring share per device over DCN:
-  XLA reduces inside each slice first. Collectives inside a loop (a scanned layer stack) are
-  counted once, as XLA's own cost analysis counts them.
+  A collective among m devices of n slices runs as XLA's hierarchical collectives do: a ring
+  among the group's m/n devices of each slice over ICI, and n/m of the ring share among the n
+  slices per device over DCN (an all-to-all sends (n-1)/n of its bytes across). Collectives
+  inside a loop (a scanned layer stack) are counted once, as XLA's own cost analysis counts them.
   """
   slices = np.asarray(slice_of_device)
-  total = 0.0
+  totals = {'dcn': 0.0, 'ici': 0.0}
   for line in hlo_text.splitlines():
     match = COLLECTIVE.search(line)
     if not match:
@@ -138,8 +141,14 @@ def hlo_dcn_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> float:
     groups = replica_groups(line, len(slices))
     members = groups.shape[1]
     nbytes = sum(arrays) * (members if match['op'] == 'reduce-scatter' else 1)
+    ring = all_reduce if match['op'] == 'all-reduce' else all_gather
     for group in groups:
       spanned = len(set(slices[group]))
-      share = (all_reduce if match['op'] == 'all-reduce' else all_gather)(nbytes, spanned)
-      total += share * (members if match['op'] == 'all-to-all' else spanned)  # its members'
-  return total / len(slices)
+      inside = members // spanned
+      if match['op'] == 'all-to-all':
+        totals['dcn'] += ring(nbytes, spanned) * members
+        totals['ici'] += nbytes * (inside - 1) / members * members
+      else:  # the group's members' bytes
+        totals['dcn'] += ring(nbytes, spanned) * spanned
+        totals['ici'] += ring(nbytes, inside) * members
+  return {link: total / len(slices) for link, total in totals.items()}

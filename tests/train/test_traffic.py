@@ -1,6 +1,5 @@
 """Counting the bytes of collectives: ring shares, HLO array types and replica groups."""
 
-import numpy as np
 import pytest
 
 from t5lite.train import traffic
@@ -11,7 +10,7 @@ def test_ring_shares():
   assert traffic.all_gather(100, 4) == 75
   assert traffic.dcn_bytes_per_slice(100, 2, 1) == 100
   assert traffic.dcn_bytes_per_slice(100, 1, 1) == 0
-  assert traffic.dcn_bytes_per_slice(100, 1, 4) == 225
+  assert traffic.dcn_bytes_per_slice(100, 1, 4) == 150
 
 
 def test_array_bytes_of_hlo_types():
@@ -31,19 +30,16 @@ def test_replica_groups_in_each_form_xla_prints(text, groups):
   assert traffic.replica_groups(f'x = f32[8] all-reduce(y), {text}', 4).tolist() == groups
 
 
-def test_hlo_dcn_bytes_counts_only_what_crosses_slices():
-  """4 devices in 2 slices {0,1} {2,3}: an all-reduce of 800 bytes over all of them sends
-  2 * 1/2 * 800 / 2 = 400 bytes per device over DCN; one over each slice alone sends none; an
-  all-gather of 800 bytes over {0,2} and {1,3}: 1/2 * 800 = 400."""
-  slices = [0, 0, 1, 1]
-
-  def line(op, groups):
-    return f'  %a = f32[200]{{0}} {op}(%x), replica_groups={groups}'
-
-  assert traffic.hlo_dcn_bytes(line('all-reduce', '{{0,1,2,3}}'), slices) == 400
-  assert traffic.hlo_dcn_bytes(line('all-reduce', '{{0,1},{2,3}}'), slices) == 0
-  assert traffic.hlo_dcn_bytes(line('all-gather', '{{0,2},{1,3}}'), slices) == 400
-  assert traffic.hlo_dcn_bytes(line('reduce-scatter', '{{0,2},{1,3}}'), slices) == 800
-  assert np.isclose(traffic.hlo_dcn_bytes(
-      line('all-reduce-start', '{{0,1,2,3}}') + '\n' + line('fusion', '{}'),
-      slices), 400)
+@pytest.mark.parametrize('op, groups, dcn, ici', [
+    ('all-reduce', '{{0,1,2,3}}', 400, 800),  # 2 * 1/2 * 800 / 2 across, 2 * 1/2 * 800 inside
+    ('all-reduce-start', '{{0,1,2,3}}', 400, 800),
+    ('all-reduce', '{{0,1},{2,3}}', 0, 800),  # each slice alone
+    ('all-gather', '{{0,2},{1,3}}', 400, 0),  # 1/2 * 800, each pair across the slices
+    ('reduce-scatter', '{{0,2},{1,3}}', 800, 0),  # of 2 * 800 bytes
+    ('all-to-all', '{{0,1,2,3}}', 400, 200),  # a quarter to each member, half of them across
+    ('fusion', '{{0,1,2,3}}', 0, 0),  # not a collective
+])
+def test_hlo_bytes_splits_each_collective_into_dcn_and_ici(op, groups, dcn, ici):
+  """Per device, 4 devices in 2 slices {0,1} {2,3}, a collective of f32[200] (800 bytes)."""
+  line = f'  %a = f32[200]{{0}} {op}(%x), replica_groups={groups}'
+  assert traffic.hlo_bytes(line, [0, 0, 1, 1]) == {'dcn': dcn, 'ici': ici}
