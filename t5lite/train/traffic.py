@@ -61,18 +61,20 @@ def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
   """DCN bytes per slice and per device, and ICI bytes per device, of one step.
 
   `ici` and `dcn` are the mesh's sizes inside a slice and across slices ('data', 'fsdp',
-  'tensor'). Inside a slice a device reduce-scatters the gradients of its tensor shard over the
-  slice's batch devices, all-gathers them back over data, and gathers fsdp-sharded parameters
-  once (see dcn_bytes_per_slice); tensor parallelism adds `tensor_parallel_bytes`.
+  'tensor'). Inside a slice, as the hierarchical collectives run: a device reduce-scatters the
+  gradients of its tensor shard over the slice's batch devices (the DCN collectives then move
+  its piece), all-gathers its fsdp shard back over data, and takes part in the slice's share of
+  the one all-gather of the parameters over fsdp (see dcn_bytes_per_slice); tensor parallelism
+  adds `tensor_parallel_bytes`.
   """
   per_slice = math.prod(ici.values())
   dcn_slice = dcn_bytes_per_slice(param_bytes, dcn['data'], dcn['fsdp'])
-  gradients = param_bytes / (ici['tensor'] * dcn['fsdp'])  # what the slice's batch devices reduce
+  shard = param_bytes / ici['tensor']  # the gradients (parameters) of one tensor shard
   batch_devices = ici['data'] * ici['fsdp']
   rows = data_cfg.batch_size / (batch_devices * dcn['data'] * dcn['fsdp'])
-  ici_device = (all_gather(gradients, batch_devices)
-                + all_gather(gradients / ici['fsdp'], ici['data'])
-                + all_gather(gradients, ici['fsdp'])
+  ici_device = (all_gather(shard, batch_devices)
+                + all_gather(shard / (ici['fsdp'] * dcn['fsdp']), ici['data'])
+                + all_gather(shard, ici['fsdp'])
                 + tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length,
                                         rows, ici['tensor']))
   return {'dcn_per_slice': dcn_slice, 'dcn_per_device': dcn_slice / per_slice,
@@ -85,6 +87,9 @@ ARRAY = re.compile(r'\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\]')
 IOTA_GROUPS = re.compile(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?')
 LISTED_GROUPS = re.compile(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}')
 MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+COMPUTATION = re.compile(r'^(ENTRY )?%(\S+) .*\{$')
+WHILE_BODY = re.compile(r' while\(.*\bbody=%([^,\s]+)')
+TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 def array_bytes(text: str) -> list[int]:
@@ -119,6 +124,25 @@ def replica_groups(line: str, num_devices: int) -> np.ndarray:
   return np.array(groups) if groups and groups[0] else np.arange(num_devices)[None]
 
 
+def runs_per_step(hlo_text: str) -> dict[str, int]:
+  """How often each computation of an HLO module runs in a step: the product of the known trip
+  counts of the while loops around it (a scanned layer stack: its layers), 1 outside loops."""
+  loops, entry, current = {}, None, None
+  for line in hlo_text.splitlines():
+    if match := COMPUTATION.match(line):
+      current = match[2]
+      entry = current if match[1] else entry
+    elif match := WHILE_BODY.search(line):
+      trips = TRIP_COUNT.search(line)
+      loops.setdefault(current, []).append((match[1], int(trips[1]) if trips else 1))
+  runs, todo = {}, [(entry, 1)]
+  while todo:
+    name, count = todo.pop()
+    runs[name] = count
+    todo += [(body, count * trips) for body, trips in loops.get(name, [])]
+  return runs
+
+
 def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]:
   """Bytes per device, on average, that a compiled step's collectives send over DCN ('dcn') and
   inside a slice ('ici').
@@ -126,12 +150,15 @@ def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]
   `slice_of_device[i]`: the slice of device i of the executable (the mesh's devices in order).
   A collective among m devices of n slices runs as XLA's hierarchical collectives do: a ring
   among the group's m/n devices of each slice over ICI, and n/m of the ring share among the n
-  slices per device over DCN (an all-to-all sends (n-1)/n of its bytes across). Collectives
-  inside a loop (a scanned layer stack) are counted once, as XLA's own cost analysis counts them.
+  slices per device over DCN (an all-to-all sends (n-1)/n of its bytes across). A collective
+  inside a loop counts once per iteration (`runs_per_step`).
   """
   slices = np.asarray(slice_of_device)
+  runs, current = runs_per_step(hlo_text), None
   totals = {'dcn': 0.0, 'ici': 0.0}
   for line in hlo_text.splitlines():
+    if computation := COMPUTATION.match(line):
+      current = computation[2]
     match = COLLECTIVE.search(line)
     if not match:
       continue
@@ -140,7 +167,8 @@ def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]
       arrays = arrays[len(arrays) // 2:]  # an async all-gather's type is (operands, results)
     groups = replica_groups(line, len(slices))
     members = groups.shape[1]
-    nbytes = sum(arrays) * (members if match['op'] == 'reduce-scatter' else 1)
+    nbytes = (sum(arrays) * (members if match['op'] == 'reduce-scatter' else 1)
+              * runs.get(current, 1))
     ring = all_reduce if match['op'] == 'all-reduce' else all_gather
     for group in groups:
       spanned = len(set(slices[group]))

@@ -43,3 +43,24 @@ def test_hlo_bytes_splits_each_collective_into_dcn_and_ici(op, groups, dcn, ici)
   """Per device, 4 devices in 2 slices {0,1} {2,3}, a collective of f32[200] (800 bytes)."""
   line = f'  %a = f32[200]{{0}} {op}(%x), replica_groups={groups}'
   assert traffic.hlo_bytes(line, [0, 0, 1, 1]) == {'dcn': dcn, 'ici': ici}
+
+
+HLO_LOOPS = """\
+%inner (p: f32[4]) -> f32[4] {
+  %a = f32[100]{0} all-reduce(%x), replica_groups={{0,1}}
+}
+%outer (p: f32[4]) -> f32[4] {
+  %w = (s32[]) while(%t), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"3"}}
+}
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %w = (s32[]) while(%t), condition=%c, body=%outer, backend_config={"known_trip_count":{"n":"2"}}
+  %b = f32[100]{0} all-reduce(%y), replica_groups={{0,1}}
+}
+"""
+
+
+def test_a_collective_in_nested_loops_counts_once_per_iteration():
+  """400 bytes all-reduced 2 x 3 times in the loops and once outside, among 2 devices of 2
+  slices: 7 x 2 * 1/2 * 400 over DCN per device."""
+  assert traffic.runs_per_step(HLO_LOOPS) == {'main': 1, 'outer': 2, 'inner': 6}
+  assert traffic.hlo_bytes(HLO_LOOPS, [0, 1]) == {'dcn': 7 * 400, 'ici': 0}
