@@ -15,8 +15,9 @@ With --num_slices=N (a queued resource, --queued) the run spans N slices joined 
 network: one queued resource creates them together as NAME-0 ... NAME-(N-1) and gives their
 workers the Megascale settings that join the slices into one JAX run (slice 0's worker 0
 coordinates); every worker of every slice starts `t5lite train` with `--config.mesh.dcn_data=N`
-(data parallelism across slices; later flags win). A preemption of one slice stops every slice at one step (JAX's
-preemption sync point spans all processes), and the watcher recreates the whole resource.
+(data parallelism across slices; later flags win). A preemption of one slice stops every slice
+at one step (JAX's preemption sync point spans all processes), and the watcher recreates the
+whole resource.
 """
 
 import argparse
