@@ -14,8 +14,8 @@ Run it from the repository root.
 With --num_slices=N (a queued resource, --queued) the run spans N slices joined by the data-center
 network: one queued resource creates them together as NAME-0 ... NAME-(N-1) and gives their
 workers the Megascale settings that join the slices into one JAX run (slice 0's worker 0
-coordinates); every worker of every slice starts `t5lite train` with `--config.mesh.dcn_data=N`
-(data parallelism across slices; later flags win). A preemption of one slice stops every slice
+coordinates); every worker of every slice starts `t5lite train`, whose `mesh.dcn_data` (-1: all
+the slices) makes it data parallel across them. A preemption of one slice stops every slice
 at one step (JAX's preemption sync point spans all processes), and the watcher recreates the
 whole resource.
 """
@@ -169,14 +169,14 @@ def train_script(train_flags: list[str]) -> str:
 
 def train_commands(args) -> list[list[str]]:
   """The same `t5lite train` on all workers of every slice at once: they are the processes of
-  one JAX run. Past one slice, the slices are mesh.dcn_data; the queued resource has put the
+  one JAX run. Past one slice, the slices are mesh.dcn_data (its default, -1, takes them all);
+  the queued resource has put the
   Megascale variables (MEGASCALE_COORDINATOR_ADDRESS: slice 0's worker 0, MEGASCALE_NUM_SLICES,
   MEGASCALE_SLICE_ID) in every worker's tpu-env metadata, where JAX's Cloud TPU cluster reads
   them to join the slices."""
   if args.num_slices == 1:
     return [ssh(args, 'all', train_script(args.train_flags))]
-  flags = [f'--config.mesh.dcn_data={args.num_slices}', *args.train_flags]
-  return [ssh(args, 'all', train_script(flags), node) for node in nodes(args)]
+  return [ssh(args, 'all', train_script(args.train_flags), node) for node in nodes(args)]
 
 
 def logs_commands(args) -> list[list[str]]:

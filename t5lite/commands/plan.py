@@ -347,8 +347,8 @@ def network(model_cfg: ModelConfig, config, run: run_lib.Run, topology: Topology
   chips' published bandwidths, and the step they bound, with its MFU: communication overlapped
   with compute (`expected`, speed's), the slowest of the three sets the pace."""
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.spec.abstract.params))
-  dcn = {axis: int(config.mesh.get(key, 1)) for axis, key in mesh_lib.DCN_AXES.items()}
-  dcn['tensor'] = 1
+  dcn = dict(zip(mesh_lib.MESH_AXES, mesh_lib.dcn_shape(config.mesh, topology.num_slices,
+                                                        topology.name)))
   ici = {axis: run.mesh.shape[axis] // dcn[axis] for axis in mesh_lib.MESH_AXES}
   result = traffic_lib.analytic_traffic(model_cfg, config.data, param_bytes, ici, dcn)
   result.update(param_bytes=param_bytes, num_slices=topology.num_slices)

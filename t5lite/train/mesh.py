@@ -45,15 +45,22 @@ def rule_table(rules_cfg: Mapping[str, str]) -> tuple:
   return tuple(table)
 
 
+def _with_the_rest(sizes: list[int], total: int, described: str) -> list[int]:
+  """`sizes` with a single -1 resolved to what the others leave of `total`, where they divide
+  it; one line for a size below 1 (-1 aside) or two -1s."""
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes and total % fixed == 0:
+    sizes[sizes.index(-1)] = total // fixed
+  return sizes
+
+
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
   """Axis sizes in MESH_AXES order, with a single -1 resolved to the devices the others leave."""
   sizes = [int(mesh_cfg[name]) for name in MESH_AXES]
   described = ' '.join(f'mesh.{n}={s}' for n, s in zip(MESH_AXES, sizes))
-  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
-  fixed = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes and num_devices % fixed == 0:
-    sizes[sizes.index(-1)] = num_devices // fixed
+  sizes = _with_the_rest(sizes, num_devices, described)
   if math.prod(sizes) != num_devices:
     raise ValueError(f'{described} does not fit {num_devices} devices; make the product of the '
                      f'mesh sizes {num_devices} (or leave one at -1)')
@@ -85,17 +92,16 @@ def describe_devices(kind: str, platform: str, slice_sizes: Sequence[int]) -> st
 
 
 def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
-  """Axis sizes across slices in MESH_AXES order (tensor: 1); one line unless they multiply to
-  `num_slices` (`devices` says what the devices are)."""
+  """Axis sizes across slices in MESH_AXES order (tensor: 1), a -1 (dcn_data's default) resolved
+  to the slices the other leaves; one line unless they multiply to `num_slices` (`devices` says
+  what the devices are)."""
   if 'dcn_tensor' in mesh_cfg:
     raise ValueError('mesh.dcn_tensor: tensor parallelism stays inside a slice (its '
                      'collectives run every layer); split over DCN with mesh.dcn_data or '
                      'mesh.dcn_fsdp')
-  sizes = [int(mesh_cfg.get(DCN_AXES[axis], 1)) if axis in DCN_AXES else 1 for axis in MESH_AXES]
-  described = ' '.join(f'mesh.{DCN_AXES[a]}={n}' for a, n in zip(MESH_AXES, sizes)
-                       if a in DCN_AXES)
-  if any(n < 1 for n in sizes):
-    raise ValueError(f'{described}: sizes across slices must be positive')
+  given = [int(mesh_cfg.get('dcn_data', -1)), int(mesh_cfg.get('dcn_fsdp', 1))]
+  described = ' '.join(f'mesh.{DCN_AXES[axis]}={n}' for axis, n in zip(MESH_AXES, given))
+  sizes = [*_with_the_rest(given, num_slices, described), 1]
   if math.prod(sizes) != num_slices:
     raise ValueError(f'{described} must multiply to the number of slices (nodes), and the '
                      f'devices are {devices}; set mesh.dcn_data * mesh.dcn_fsdp = {num_slices}')

@@ -216,8 +216,11 @@ def test_parse_topology_of_several_slices(text, name, slices, devices, tpu_topol
 
 
 @pytest.mark.parametrize('topology, overrides, match', [
-    ('2xv5e-256', [], r'2xv5e-256: mesh.dcn_data=1 mesh.dcn_fsdp=1 must multiply to the number '
-     r'of slices \(nodes\), and the devices are 512 TPU v5 lite devices in 2 slices of 256'),
+    ('2xv5e-256', ['mesh.dcn_data=1'], r'2xv5e-256: mesh.dcn_data=1 mesh.dcn_fsdp=1 must '
+     r'multiply to the number of slices \(nodes\), and the devices are 512 TPU v5 lite devices '
+     r'in 2 slices of 256'),
+    ('4xv5p-128', ['mesh.dcn_fsdp=3'], r'mesh.dcn_data=-1 mesh.dcn_fsdp=3 must multiply to the '
+     r'number of slices'),
     ('2x8xH100', ['mesh.dcn_data=3'], 'in 2 nodes of 8; set mesh.dcn_data \\* mesh.dcn_fsdp = 2'),
     ('v4-32', ['mesh.dcn_data=2'], 'the devices are 16 TPU v4 devices in 1 slice of 16'),
 ])

@@ -90,8 +90,7 @@ def test_one_process_per_node_drives_all_its_gpus_with_all_its_cpus(tmp_path):
   assert len(tasks) == 2
   port = 4242 % 4096 + 65536 - 4096  # JAX's port for a SLURM job: from the job id
   for process_id, task in enumerate(tasks):
-    assert task['argv'] == ['-m', 't5lite', 'train', '--multihost',
-                            '--config.mesh.dcn_data=2', *FLAGS]
+    assert task['argv'] == ['-m', 't5lite', 'train', '--multihost', *FLAGS]
     assert jax_view(task['env']) == (f'gpu-node01:{port}', 2, process_id, list(range(8)))
     assert task['env']['FAKE_SRUN_BOUND_CPUS'] == '32'
     # Without JAX_LOCAL_DEVICE_IDS JAX would give each process one GPU: jax issue 16788.
@@ -103,16 +102,14 @@ def test_nodes_with_4_gpus(tmp_path):
   assert [jax_view(task['env'])[1:] for task in tasks] == [(3, i, [0, 1, 2, 3]) for i in range(3)]
 
 
-def test_the_nodes_are_the_dcn_data_axis_and_a_users_flag_wins(tmp_path):
-  """3 nodes of 8 GPUs: the mesh is 3 slices of 8 (data=24); a user's dcn flags come after."""
-  argv = sbatch(tmp_path, *FLAGS, '--config.mesh.dcn_data=1', '--config.mesh.dcn_fsdp=3',
-                nodes=3)[0]['argv']
-  assert argv[4:6] == ['--config.mesh.dcn_data=3', FLAGS[0]]
+def test_the_nodes_are_the_dcn_data_axis_unless_the_flags_say_otherwise(tmp_path):
+  """3 nodes of 8 GPUs: the mesh is 3 slices of 8 (data=24) by default; dcn_fsdp=3 shards the
+  parameters across them instead."""
+  argv = sbatch(tmp_path, *FLAGS, '--config.mesh.dcn_fsdp=3', nodes=3)[0]['argv']
   config = config_lib.base_config()
-  config_lib.override(config, argv[4:5])
   assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((3, 1, 1), (8, 1, 1))
-  config_lib.override(config, [flag for flag in argv[5:] if flag.startswith('--config.')])
-  assert mesh_lib.dcn_shape(config.mesh, 3, '3 nodes') == (1, 3, 1)
+  config_lib.override(config, [flag for flag in argv if flag.startswith('--config.')])
+  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((1, 3, 1), (8, 1, 1))
 
 
 def test_a_job_without_gpus_stops_with_one_line(tmp_path):

@@ -426,7 +426,7 @@ def test_two_slices_are_one_queued_resource_of_two_nodes(capsys):
       [*TPUS, 'queued-resources', 'delete', 't5-v5e', '--zone=us-west4-a', '--force', '--quiet']]
 
 
-def test_every_slice_is_set_up_and_trains_with_the_slices_as_dcn_data(capsys):
+def test_every_slice_is_set_up_and_trains(capsys):
   setup = dry_run(capsys, 'setup', *SLICES)[0]
   assert [(c[4], c[5]) for c in setup] == [
       ('ssh', 't5-v5e-0'), ('scp', '--recurse'), ('ssh', 't5-v5e-0'),
@@ -434,9 +434,8 @@ def test_every_slice_is_set_up_and_trains_with_the_slices_as_dcn_data(capsys):
   assert [c[-3] for c in setup if c[4] == 'scp'] == ['t5-v5e-0:t5lite/', 't5-v5e-1:t5lite/']
   (train0, train1), warning = dry_run(capsys, 'train', *SLICES,
                                       '--accelerator_type=v5litepod-256', '--', *FLAGS)
-  dcn = TRAIN.replace('--multihost ', '--multihost --config.mesh.dcn_data=2 ')
-  assert train0 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-0', '--zone=us-west4-a', '--worker=all', dcn]
-  assert train1 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-1', '--zone=us-west4-a', '--worker=all', dcn]
+  assert train0 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-0', '--zone=us-west4-a', '--worker=all', TRAIN]
+  assert train1 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-1', '--zone=us-west4-a', '--worker=all', TRAIN]
   assert warning == ''
   local = dry_run(capsys, 'train', *SLICES, '--accelerator_type=v5litepod-256', '--',
                   '--workdir=runs/x')[1]

@@ -183,6 +183,15 @@ def test_one_slice_mesh_is_the_one_jax_make_mesh_builds():
   assert (mesh.devices == expected.devices).all()
 
 
+@pytest.mark.parametrize('dcn, slices, expected', [
+    (dict(), 1, (1, 1, 1)), (dict(), 4, (4, 1, 1)), (dict(dcn_fsdp=2), 4, (2, 2, 1)),
+    (dict(dcn_data=-1, dcn_fsdp=4), 4, (1, 4, 1)), (dict(dcn_data=2, dcn_fsdp=2), 4, (2, 2, 1)),
+])
+def test_dcn_data_left_at_minus_1_takes_the_slices_dcn_fsdp_leaves(dcn, slices, expected):
+  """The default: data parallel across every slice, and one slice anywhere (eval, export)."""
+  assert mesh_lib.dcn_shape(dcn, slices, f'{slices} slices') == expected
+
+
 @pytest.mark.parametrize('dcn, slice_of, match', [
     (dict(dcn_data=2), None, 'mesh.dcn_data=2 mesh.dcn_fsdp=1 must multiply to the number of '
      'slices .* the devices are 8 cpu devices in 1 slice of 8; set mesh.dcn_data \\* '
@@ -190,6 +199,7 @@ def test_one_slice_mesh_is_the_one_jax_make_mesh_builds():
     (dict(dcn_data=3), fake_slices(4), 'devices are 8 cpu devices in 2 slices of 4'),
     (dict(dcn_data=2, dcn_fsdp=2), fake_slices(4), 'must multiply to the number of slices'),
     (dict(dcn_data=0, dcn_fsdp=2), fake_slices(4), 'must be positive'),
+    (dict(dcn_fsdp=3), fake_slices(4), 'mesh.dcn_data=-1 mesh.dcn_fsdp=3 must multiply'),
     (dict(dcn_tensor=2), fake_slices(4), 'mesh.dcn_tensor: tensor parallelism stays inside'),
     (dict(dcn_data=2), fake_slices(6), 'in 2 slices of 2/6: slices of different sizes'),
 ])
