@@ -10,6 +10,14 @@ checkpoint. Each action is a list of gcloud commands built by a pure function be
 prints them, one per line, instead of running them. With --restart_on_preemption, `run` stays:
 it resumes training after each preemption and deletes the slice once training has finished.
 Run it from the repository root.
+
+With --num_slices=N (a queued resource, --queued) the run spans N slices joined by the data-center
+network: one queued resource creates them together as NAME-0 ... NAME-(N-1) and gives their
+workers the Megascale settings that join the slices into one JAX run (slice 0's worker 0
+coordinates); every worker of every slice starts `t5lite train`, whose `mesh.dcn_data` (-1: all
+the slices) makes it data parallel across them. A preemption of one slice stops every slice
+at one step (JAX's preemption sync point spans all processes), and the watcher recreates the
+whole resource.
 """
 
 import argparse
@@ -99,16 +107,27 @@ def gcloud(args, words: list[str], *flags: str) -> list[str]:
   return ['gcloud', 'compute', 'tpus', *words, f'--zone={args.zone}', *project, *flags]
 
 
-def ssh(args, worker: str, command: str) -> list[str]:
-  return gcloud(args, ['tpu-vm', 'ssh', args.name], f'--worker={worker}', f'--command={command}')
+def nodes(args) -> list[str]:
+  """The slices' TPU VM names: NAME, or NAME-0 ... NAME-(N-1) of a multi-slice queued resource
+  (its --node-prefix is NAME)."""
+  if args.num_slices == 1:
+    return [args.name]
+  return [f'{args.name}-{index}' for index in range(args.num_slices)]
+
+
+def ssh(args, worker: str, command: str, node: str | None = None) -> list[str]:
+  return gcloud(args, ['tpu-vm', 'ssh', node or args.name], f'--worker={worker}',
+                f'--command={command}')
 
 
 def create_commands(args) -> list[list[str]]:
-  """One create: a TPU VM now, or a queued resource that waits for capacity."""
+  """One create: a TPU VM now, or a queued resource that waits for capacity (of N slices)."""
   version = args.runtime_version or RUNTIME_VERSIONS[args.accelerator_type.rsplit('-', 1)[0]]
   tier = ['--spot'] if args.spot else ['--preemptible'] if args.preemptible else []
   if args.queued:
-    return [gcloud(args, ['queued-resources', 'create', args.name], f'--node-id={args.name}',
+    node = ([f'--node-id={args.name}'] if args.num_slices == 1 else
+            [f'--node-count={args.num_slices}', f'--node-prefix={args.name}'])
+    return [gcloud(args, ['queued-resources', 'create', args.name], *node,
                    f'--accelerator-type={args.accelerator_type}', f'--runtime-version={version}',
                    *tier)]
   return [gcloud(args, ['tpu-vm', 'create', args.name],
@@ -128,12 +147,12 @@ def setup_commands(args) -> list[list[str]]:
   """Copy this checkout (only `configs/` with --package) to every worker and install it there."""
   sources = ['configs'] if args.package else list(SOURCES)
   package = shlex.quote(args.package) if args.package else '-e ".[tpu]"'
-  return [
-      ssh(args, 'all', f'mkdir -p {REMOTE_DIR}'),
-      gcloud(args, ['tpu-vm', 'scp', '--recurse', *sources, f'{args.name}:{REMOTE_DIR}/'],
+  return [command for node in nodes(args) for command in [
+      ssh(args, 'all', f'mkdir -p {REMOTE_DIR}', node),
+      gcloud(args, ['tpu-vm', 'scp', '--recurse', *sources, f'{node}:{REMOTE_DIR}/'],
              '--worker=all'),
-      ssh(args, 'all', install_script(package)),
-  ]
+      ssh(args, 'all', install_script(package), node),
+  ]]
 
 
 def train_script(train_flags: list[str]) -> str:
@@ -149,13 +168,20 @@ def train_script(train_flags: list[str]) -> str:
 
 
 def train_commands(args) -> list[list[str]]:
-  """The same `t5lite train` on all workers at once: they are the processes of one JAX run."""
-  return [ssh(args, 'all', train_script(args.train_flags))]
+  """The same `t5lite train` on all workers of every slice at once: they are the processes of
+  one JAX run. Past one slice, the slices are mesh.dcn_data (its default, -1, takes them all);
+  the queued resource has put the
+  Megascale variables (MEGASCALE_COORDINATOR_ADDRESS: slice 0's worker 0, MEGASCALE_NUM_SLICES,
+  MEGASCALE_SLICE_ID) in every worker's tpu-env metadata, where JAX's Cloud TPU cluster reads
+  them to join the slices."""
+  if args.num_slices == 1:
+    return [ssh(args, 'all', train_script(args.train_flags))]
+  return [ssh(args, 'all', train_script(args.train_flags), node) for node in nodes(args)]
 
 
 def logs_commands(args) -> list[list[str]]:
-  """Follow worker 0's log: it runs process 0, the only one that logs."""
-  return [ssh(args, '0', f'tail -n 100 -F {LOG}')]
+  """Follow worker 0's log (of slice 0): it runs process 0, the only one that logs."""
+  return [ssh(args, '0', f'tail -n 100 -F {LOG}', nodes(args)[0])]
 
 
 def delete_commands(args) -> list[list[str]]:
@@ -175,7 +201,8 @@ def exit_status_command(args) -> list[str]:
   gone without one, as after its VM restarted (maintenance). `[ ]` keeps pgrep from matching
   this command itself."""
   running = f'pgrep -f "{VENV}/bin/t5lite[ ]train" > /dev/null'
-  return ssh(args, '0', f'cat {EXIT_FILE} 2>/dev/null || {running} || echo {EXIT_STOPPED_EARLY}')
+  return ssh(args, '0', f'cat {EXIT_FILE} 2>/dev/null || {running} || echo {EXIT_STOPPED_EARLY}',
+             nodes(args)[0])
 
 
 def workdir(train_flags: list[str]) -> str | None:
@@ -191,10 +218,13 @@ def workdir(train_flags: list[str]) -> str | None:
 
 def workdir_warning(args) -> str | None:
   """Workers of a multi-host slice checkpoint together, so into a path they all see (gs://)."""
-  path, workers = workdir(args.train_flags), num_workers(args.accelerator_type)
+  path = workdir(args.train_flags)
+  workers = num_workers(args.accelerator_type) * args.num_slices
+  slices = f'{args.num_slices} x ' if args.num_slices > 1 else ''
   if workers > 1 and not path.startswith('gs://'):
     return (f'tpu_vm.py: warning: --workdir={path} is local to each of the {workers} workers '
-            f'of {args.accelerator_type}; checkpoints need a path they all share: gs://BUCKET/RUN')
+            f'of {slices}{args.accelerator_type}; checkpoints need a path they all share: '
+            'gs://BUCKET/RUN')
   return None
 
 
@@ -347,6 +377,8 @@ def parser() -> argparse.ArgumentParser:
                       help='e.g. us-central2-b; each generation is in a few zones only')
   common.add_argument('--project', help="default: the gcloud configuration's project")
   common.add_argument('--dry_run', action='store_true', help='print the gcloud commands only')
+  common.add_argument('--num_slices', type=int, default=1,
+                      help='slices joined by the data-center network (with --queued past 1)')
   queued = argparse.ArgumentParser(add_help=False)
   queued.add_argument('--queued', action='store_true',
                       help='a queued resource: waits for capacity instead of failing')
@@ -390,6 +422,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = top.parse_args(argv)
   if getattr(args, 'queued', False) and getattr(args, 'preemptible', False):
     top.error('queued resources take --spot, not --preemptible')
+  if args.num_slices < 1:
+    top.error(f'--num_slices={args.num_slices} must be at least 1')
+  if args.num_slices > 1 and hasattr(args, 'queued') and not args.queued:
+    top.error('--num_slices above 1 needs --queued: one queued resource creates (and deletes) '
+              'all the slices together')
   if getattr(args, 'keep_slice', False) and not args.restart_on_preemption:
     top.error('--keep_slice goes with --restart_on_preemption (without it the launcher does not '
               'wait for training to end)')

@@ -315,7 +315,8 @@ def _finetune_flags(finetune: argparse.ArgumentParser) -> None:
 
 def _plan_flags(plan: argparse.ArgumentParser) -> None:
   plan.add_argument('--topology', required=True,
-                    help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, 2x8xH100, cpu:8, ...')
+                    help='v4-32, v5e-256, v5p-128, v6e-64, 8xH100, cpu:8, ...; N slices or '
+                         'nodes as 2xv5e-256, 2x8xH100, 2xcpu:4')
   plan.add_argument('--mfu', type=float,
                     help='model FLOPs utilisation assumed for the step time (default: 0.16 on '
                          'GPUs, measured; 0.4 on TPUs)')

@@ -119,6 +119,10 @@ def _optim_mesh_checkpoint_defaults() -> dict[str, ml_collections.ConfigDict]:
   mesh.data = -1  # -1: the devices the other axes leave
   mesh.fsdp = 1
   mesh.tensor = 1
+  # Across slices (TPU) or nodes (GPU), over the data-center network: data and fsdp repeat
+  # dcn_data and dcn_fsdp times, whose product is the number of slices; tensor never crosses.
+  mesh.dcn_data = -1  # -1: the slices dcn_fsdp leaves (1 on one slice), as MaxText's default
+  mesh.dcn_fsdp = 1
   # Logical axis -> the mesh axes it is split over ('data,fsdp' for two, '' replicated), as
   # MaxText's logical_axis_rules: parameters are sharded over fsdp and tensor, batches over data
   # and fsdp. `--config.mesh.rules.embed=` replicates the d_model dimension of every parameter.

@@ -1,4 +1,5 @@
-"""`t5lite plan`: memory and FLOPs of one train step per device, on a topology you do not have.
+"""`t5lite plan`: memory and FLOPs of one train step per device, on a topology you do not have,
+and the bytes it sends over the data-center network and inside each slice (`network`).
 
 Three ways to know, the best available first:
 - a TPU slice with libtpu installed (the `tpu` extra): compile the real train step ahead of time
@@ -37,6 +38,7 @@ from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import run as run_lib
+from t5lite.train import traffic as traffic_lib
 
 GiB = 2**30
 # The plan's executables never run: on CPU, skip LLVM's optimizations (same buffers, 3x faster).
@@ -50,29 +52,39 @@ class Chip:
   hbm_gib: float  # per chip, as sold (XLA gets slightly less: the runtime keeps some)
   grid_dims: int = 0  # TPU: 3 for the v4/v5p torus, 2 for v5e/v6e; 0 for GPUs
   cores_in_name: int = 1  # v4 and v5p slices are named by TensorCores: v4-32 has 16 chips
+  ici_gbps: float = 0  # fast interconnect (ICI, NVLink) per chip, one direction, Gbit/s
+  dcn_gbps: float | None = None  # data-center network per chip, Gbit/s; None: not published
 
 
 # HBM per chip, the defaults: A100 means the 80 GiB part (`8xA100-40` for the 40 GiB one).
+# Bandwidths as published, per chip and one direction (half a bidirectional figure). ICI: Cloud
+# TPU's system architecture pages (docs.cloud.google.com/tpu/docs/v5e, v5p, v6e: 1600, 4800, 3200
+# Gbps; v4 gives none per chip, so its pod's all-reduce bandwidth, 1.1 PB/s over 4096 chips).
+# DCN: v5p's page, 50 Gbps a chip; v5e and v6e, the NICs of a host over its 8 chips (2 x 100 and
+# 4 x 200 Gbps). GPUs: NVLink 4 (H100, H200) 900 GB/s and NVLink 3 (A100) 600 GB/s
+# bidirectional; one 400 Gb/s NDR (DGX H100/H200) or 200 Gb/s HDR (DGX A100) InfiniBand port per
+# GPU, NVIDIA's DGX user guides.
 TPUS = {
-    'v4': Chip('TPU v4', 32, grid_dims=3, cores_in_name=2),
-    'v5p': Chip('TPU v5', 95, grid_dims=3, cores_in_name=2),
-    'v5e': Chip('TPU v5 lite', 16, grid_dims=2),
-    'v6e': Chip('TPU v6 lite', 32, grid_dims=2),
+    'v4': Chip('TPU v4', 32, grid_dims=3, cores_in_name=2, ici_gbps=1.1e15 * 8 / 4096 / 1e9),
+    'v5p': Chip('TPU v5', 95, grid_dims=3, cores_in_name=2, ici_gbps=4800, dcn_gbps=50),
+    'v5e': Chip('TPU v5 lite', 16, grid_dims=2, ici_gbps=1600, dcn_gbps=2 * 100 / 8),
+    'v6e': Chip('TPU v6 lite', 32, grid_dims=2, ici_gbps=3200, dcn_gbps=4 * 200 / 8),
 }
 GPUS = {
-    'h100': Chip('NVIDIA H100 80GB HBM3', 80),
-    'h200': Chip('NVIDIA H200', 141),
-    'a100': Chip('NVIDIA A100-SXM4-80GB', 80),
-    'a100-80': Chip('NVIDIA A100-SXM4-80GB', 80),
-    'a100-40': Chip('NVIDIA A100-SXM4-40GB', 40),
+    'h100': Chip('NVIDIA H100 80GB HBM3', 80, ici_gbps=3600, dcn_gbps=400),
+    'h200': Chip('NVIDIA H200', 141, ici_gbps=3600, dcn_gbps=400),
+    'a100': Chip('NVIDIA A100-SXM4-80GB', 80, ici_gbps=2400, dcn_gbps=200),
+    'a100-80': Chip('NVIDIA A100-SXM4-80GB', 80, ici_gbps=2400, dcn_gbps=200),
+    'a100-40': Chip('NVIDIA A100-SXM4-40GB', 40, ici_gbps=2400, dcn_gbps=200),
 }
 SCAN_WITHOUT_REMAT = (
     'scan_layers without remat: XLA cannot fuse across the scanned loop, so every layer keeps all '
     'the intermediates autodiff saves, 3-4x the analytic activations (t5_tiny on TPU v5e: 943 MB '
     'of temporaries against 272 MB); set model.remat_policy to save_dots or full')
-FORMS = ('TPU slices v4-32, v5e-256 (or v5litepod-256), v5p-128, v6e-64; GPUs as '
-         '[NODESx]GPUSxMODEL with MODEL H100, H200, A100 (80 GiB) or A100-40, e.g. 8xH100, '
-         '2x8xH100; or cpu:N for N devices of this host')
+FORMS = ('TPU slices v4-32, v5e-256 (or v5litepod-256), v5p-128, v6e-64, and N of them as '
+         '2xv5e-256; GPUs as [NODESx]GPUSxMODEL with MODEL H100, H200, A100 (80 GiB) or '
+         'A100-40, e.g. 8xH100, 2x8xH100; or cpu:N for N devices of this host, [SLICESx]cpu:N '
+         'for slices of them')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +94,7 @@ class Topology:
   num_devices: int  # JAX devices: TPU chips (one megacore device on v4/v5p), GPUs, CPU devices
   chip: Chip | None = None  # None on cpu
   tpu_topology: str = ''  # get_topology_desc's name, e.g. 'v4:2x2x4'
+  num_slices: int = 1  # TPU slices or GPU nodes, joined by DCN; num_devices counts them all
 
 
 def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
@@ -97,15 +110,27 @@ def tpu_grid(chips: int, dims: int) -> tuple[int, ...]:
 
 
 def parse_topology(text: str) -> Topology:
-  """'v4-32', 'v5litepod-256', '2x8xH100', 'cpu:8', ... -> Topology; ValueError on anything else."""
+  """'v4-32', '2xv5litepod-256', '2x8xH100', 'cpu:8', '2xcpu:4', ... -> Topology; ValueError on
+  anything else. A leading 'Nx' is N slices (TPU, cpu) or nodes (GPU)."""
   name = text.strip().lower()
+  match = re.fullmatch(r'(\d+)x(v.*|cpu:.*|\d+x.*)', name)  # not the GPUs of '8xh100'
+  slices, one = (int(match[1]), _parse_one_slice(match[2], text)) if match else (
+      1, _parse_one_slice(name, text))
+  if slices < 1:
+    raise ValueError(f'{text!r}: the number of slices (nodes) must be at least 1')
+  return dataclasses.replace(one, name=f'{slices}x{one.name}' if match else one.name,
+                             num_slices=slices, num_devices=slices * one.num_devices)
+
+
+def _parse_one_slice(name: str, text: str) -> Topology:
+  """One slice or node of parse_topology's forms: 'v4-32', '8xh100', 'cpu:4'."""
   if match := re.fullmatch(r'cpu:(\d+)', name):
     if int(match[1]) > 0:
       return Topology(name, 'cpu', int(match[1]))
-  elif match := re.fullmatch(r'(?:(\d+)x)?(\d+)x(h100|h200|a100(?:-40|-80)?)', name):
-    count = int(match[1] or 1) * int(match[2])
-    if count > 0:
-      return Topology(name.replace(match[3], match[3].upper()), 'gpu', count, GPUS[match[3]])
+  elif match := re.fullmatch(r'(\d+)x(h100|h200|a100(?:-40|-80)?)', name):
+    if int(match[1]) > 0:
+      return Topology(name.replace(match[2], match[2].upper()), 'gpu', int(match[1]),
+                      GPUS[match[2]])
   elif match := re.fullmatch(r'(v4|v5p|v5e|v5litepod|v6e)-(\d+)', name):
     generation = 'v5e' if match[1] == 'v5litepod' else match[1]
     chip = TPUS[generation]
@@ -142,15 +167,31 @@ def topology_devices(topology: Topology):
   kwargs = {'chip_config_name': 'megacore'} if topology.chip.cores_in_name == 2 else {}
   if topology.num_devices == 1:
     kwargs['chips_per_host_bounds'] = (1, 1, 1)
+  if topology.num_slices > 1:
+    kwargs['num_slices'] = topology.num_slices  # as MaxText's compile_topology_num_slices
   return topologies.get_topology_desc(topology.tpu_topology, 'tpu', **kwargs).devices
+
+
+def slice_of_devices(topology: Topology, devices):
+  """How plan tells the slices of `devices` apart: compile-only TPU devices know their slice;
+  this host's CPUs or GPUs stand in for slices (nodes) in order."""
+  if topology.platform == 'tpu':
+    return mesh_lib.device_slice
+  position = {device.id: i for i, device in enumerate(devices)}
+  per_slice = topology.num_devices // topology.num_slices
+  return lambda device: position[device.id] // per_slice
 
 
 def plan_mesh(mesh_cfg, topology: Topology, devices):
   """The run's mesh over `devices`, or an AbstractMesh of the same shape when there are none."""
+  per_slice = topology.num_devices // topology.num_slices
   try:
     if devices is not None:
-      return mesh_lib.make_mesh(mesh_cfg, devices)
-    shape = mesh_lib.mesh_shape(mesh_cfg, topology.num_devices)
+      return mesh_lib.make_mesh(mesh_cfg, devices, slice_of=slice_of_devices(topology, devices))
+    described = mesh_lib.describe_devices(topology.chip.device_kind if topology.chip else 'cpu',
+                                          topology.platform, [per_slice] * topology.num_slices)
+    dcn, ici = mesh_lib.hybrid_shape(mesh_cfg, topology.num_slices, per_slice, described)
+    shape = tuple(across * inside for across, inside in zip(dcn, ici))
   except ValueError as error:
     raise ValueError(f'{topology.name}: {error}') from None
   return AbstractMesh(shape, mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
@@ -300,6 +341,30 @@ def speed(model_cfg: ModelConfig, data_cfg, topology: Topology, devices, mfu: fl
           'tokens_per_second': tokens / seconds}
 
 
+def network(model_cfg: ModelConfig, config, run: run_lib.Run, topology: Topology,
+            expected: dict) -> dict:
+  """Bytes of a step over DCN and ICI (traffic.analytic_traffic), the seconds they take at the
+  chips' published bandwidths, and the step they bound, with its MFU: communication overlapped
+  with compute (`expected`, speed's), the slowest of the three sets the pace."""
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.spec.abstract.params))
+  dcn = dict(zip(mesh_lib.MESH_AXES, mesh_lib.dcn_shape(config.mesh, topology.num_slices,
+                                                        topology.name)))
+  ici = {axis: run.mesh.shape[axis] // dcn[axis] for axis in mesh_lib.MESH_AXES}
+  result = traffic_lib.analytic_traffic(model_cfg, config.data, param_bytes, ici, dcn)
+  result.update(param_bytes=param_bytes, num_slices=topology.num_slices)
+  chip = topology.chip
+  seconds = {'compute': expected['step_seconds']}
+  if chip and chip.ici_gbps:
+    seconds['ICI'] = result['ici_per_device'] / (chip.ici_gbps * 1e9 / 8)
+  if chip and chip.dcn_gbps and topology.num_slices > 1:
+    seconds['DCN'] = result['dcn_per_device'] / (chip.dcn_gbps * 1e9 / 8)
+  result['seconds'] = seconds
+  result['bound_by'] = max(seconds, key=seconds.get)
+  result['step_seconds'] = seconds[result['bound_by']]
+  result['mfu'] = expected['mfu'] * expected['step_seconds'] / result['step_seconds']
+  return result
+
+
 def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None = None,
          compile_step: bool = True) -> dict:
   """Memory per device, FLOPs and expected speed of `config`'s train step on `topology`.
@@ -329,10 +394,14 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
   result['analytic'] = analytic_memory(model_cfg, config, run.spec, batch, run.mesh,
                                        loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
+  result['network'] = network(model_cfg, config, run, topo, expected)
   if devices is not None:
     compiled = compile_train_step(run, loss, batch)
     result['compiled'] = compiled_memory(compiled)
     result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
+    slice_of = slice_of_devices(topo, devices)
+    result['network']['hlo'] = traffic_lib.hlo_bytes(
+        compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
   result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
   hbm = result['hbm_per_device']
   result['fits'] = None if hbm is None else result['memory_per_device'] <= hbm
@@ -370,5 +439,28 @@ def format_plan(result: dict) -> str:
   lines.append(f"at {result['mfu']:.0%} MFU of {result['peak_flops_per_device'] / 1e12:.4g} "
                f"TFLOP/s per device: {result['step_seconds']:.3g} s per step, "
                f"{result['tokens_per_second']:,.0f} tokens/s")
+  lines += network_lines(result['network'])
   lines += [f'note: {note}' for note in result['notes']]
   return '\n'.join(lines)
+
+
+def _mb(n) -> str:
+  return f'{n / 1e6:,.1f} MB'
+
+
+def network_lines(net: dict) -> list[str]:
+  """The network part of format_plan: bytes over DCN and ICI (analytic, and counted in the
+  compiled step), their seconds, the bound; DCN only past one slice."""
+  slices = net['num_slices'] > 1
+  dcn = (f"DCN {_mb(net['dcn_per_device'])} per device ({_mb(net['dcn_per_slice'])} per "
+         'slice), ' if slices else '')
+  lines = [f"network per step, analytic (ring collectives, {_mb(net['param_bytes'])} of "
+           f"parameters): {dcn}ICI {_mb(net['ici_per_device'])} per device"]
+  if hlo := net.get('hlo'):
+    compiled_dcn = f"DCN {_mb(hlo['dcn'])}, " if slices else ''
+    lines[0] += f"; compiled HLO: {compiled_dcn}ICI {_mb(hlo['ici'])} per device"
+  times = ', '.join(f'{link} {seconds:.3g} s' for link, seconds in net['seconds'].items())
+  lines.append(f'at the published bandwidths per chip: {times}; overlapped, '
+               f"{net['step_seconds']:.3g} s per step, bound by {net['bound_by']} "
+               f"({net['mfu']:.0%} MFU)")
+  return lines

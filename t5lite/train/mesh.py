@@ -5,6 +5,12 @@ batches carry logical names (`embed`, `mlp`, `heads`, ...), a short rule table s
 axes each name is split over, and XLA inserts the collectives. Same layout idea as MaxText and
 T5X; the rule table is `config.mesh.rules`, so a run can change it from the command line
 (`--config.mesh.rules.embed=` replicates the embedding dimension).
+
+Past one slice (or one GPU node) the mesh is hybrid, as MaxText's: `mesh.data`, `mesh.fsdp` and
+`mesh.tensor` lay out the devices of each slice over its fast interconnect (ICI, NVLink), and
+`mesh.dcn_data`, `mesh.dcn_fsdp` repeat that layout across slices over the data-center network
+(DCN). The axes keep their names, data = dcn_data * data and fsdp = dcn_fsdp * fsdp, so the rules
+do not change; tensor parallelism, the chattiest, never crosses a slice.
 """
 
 import logging
@@ -13,11 +19,16 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+# The config key of each mesh axis' size across slices; tensor has none: it stays in a slice.
+DCN_AXES = {'data': 'dcn_data', 'fsdp': 'dcn_fsdp'}
+# Chips whose mesh may cut a physical torus axis in two, as jax.make_mesh allows for them.
+SPLIT_PHYSICAL_AXES_KINDS = ('TPU v5 lite', 'TPU v5e')
 
 
 def rule_table(rules_cfg: Mapping[str, str]) -> tuple:
@@ -34,27 +45,108 @@ def rule_table(rules_cfg: Mapping[str, str]) -> tuple:
   return tuple(table)
 
 
+def _with_the_rest(sizes: list[int], total: int, described: str) -> list[int]:
+  """`sizes` with a single -1 resolved to what the others leave of `total`, where they divide
+  it; one line for a size below 1 (-1 aside) or two -1s."""
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes and total % fixed == 0:
+    sizes[sizes.index(-1)] = total // fixed
+  return sizes
+
+
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
   """Axis sizes in MESH_AXES order, with a single -1 resolved to the devices the others leave."""
   sizes = [int(mesh_cfg[name]) for name in MESH_AXES]
   described = ' '.join(f'mesh.{n}={s}' for n, s in zip(MESH_AXES, sizes))
-  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
-  fixed = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes and num_devices % fixed == 0:
-    sizes[sizes.index(-1)] = num_devices // fixed
+  sizes = _with_the_rest(sizes, num_devices, described)
   if math.prod(sizes) != num_devices:
     raise ValueError(f'{described} does not fit {num_devices} devices; make the product of the '
                      f'mesh sizes {num_devices} (or leave one at -1)')
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """The ('data', 'fsdp', 'tensor') mesh over `devices` (default: all), sized by `mesh_cfg`."""
-  devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_cfg, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+def device_slice(device: jax.Device) -> int:
+  """The group of devices one fast interconnect joins: a TPU's slice, a GPU's process (one per
+  node, as launch/slurm_gpu.sbatch runs them); the CPU devices of a test are one slice."""
+  if device.platform == 'tpu':
+    return getattr(device, 'slice_index', 0)
+  return device.process_index if device.platform == 'gpu' else 0
+
+
+def slices_of(devices: Sequence[jax.Device], slice_of=device_slice) -> list[list[jax.Device]]:
+  """`devices` grouped by `slice_of(device)`, in the order of the slice keys."""
+  groups = {}
+  for device in devices:
+    groups.setdefault(slice_of(device), []).append(device)
+  return [groups[key] for key in sorted(groups)]
+
+
+def describe_devices(kind: str, platform: str, slice_sizes: Sequence[int]) -> str:
+  """'16 TPU v4 devices in 2 slices of 8': what a DCN mistake is measured against."""
+  unit = 'node' if platform == 'gpu' else 'slice'
+  sizes = '/'.join(map(str, sorted(set(slice_sizes))))
+  return (f'{sum(slice_sizes)} {kind} devices in {len(slice_sizes)} {unit}'
+          f'{"s" if len(slice_sizes) > 1 else ""} of {sizes}')
+
+
+def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
+  """Axis sizes across slices in MESH_AXES order (tensor: 1), a -1 (dcn_data's default) resolved
+  to the slices the other leaves; one line unless they multiply to `num_slices` (`devices` says
+  what the devices are)."""
+  if 'dcn_tensor' in mesh_cfg:
+    raise ValueError('mesh.dcn_tensor: tensor parallelism stays inside a slice (its '
+                     'collectives run every layer); split over DCN with mesh.dcn_data or '
+                     'mesh.dcn_fsdp')
+  given = [int(mesh_cfg.get('dcn_data', -1)), int(mesh_cfg.get('dcn_fsdp', 1))]
+  described = ' '.join(f'mesh.{DCN_AXES[axis]}={n}' for axis, n in zip(MESH_AXES, given))
+  sizes = [*_with_the_rest(given, num_slices, described), 1]
+  if math.prod(sizes) != num_slices:
+    raise ValueError(f'{described} must multiply to the number of slices (nodes), and the '
+                     f'devices are {devices}; set mesh.dcn_data * mesh.dcn_fsdp = {num_slices}')
+  return tuple(sizes)
+
+
+def hybrid_shape(mesh_cfg, num_slices: int, per_slice: int,
+                 devices: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """The axis sizes across slices and inside one (MESH_AXES order); one line for either
+  mistake, the second saying that past one slice mesh.data, fsdp and tensor count a slice's
+  devices."""
+  dcn = dcn_shape(mesh_cfg, num_slices, devices)
+  try:
+    return dcn, mesh_shape(mesh_cfg, per_slice)
+  except ValueError as error:
+    if num_slices == 1:
+      raise
+    raise ValueError(f'{error}: past one slice they lay out the {per_slice} devices of each '
+                     f'slice (the devices are {devices})') from None
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, *,
+              slice_of=device_slice) -> Mesh:
+  """The ('data', 'fsdp', 'tensor') mesh over `devices` (default: all), sized by `mesh_cfg`.
+
+  Built as `mesh_utils.create_hybrid_device_mesh` builds it: each slice's devices laid out by
+  `create_device_mesh` (by their physical torus on TPUs), the slices tiled along the DCN axes,
+  so an axis' index is slice-major. The slice of a device is `slice_of(device)`
+  (`device_slice`); tests pass another to make slices of CPU devices.
+  """
+  slices = slices_of(list(jax.devices() if devices is None else devices), slice_of)
+  first = slices[0][0]
+  described = describe_devices(first.device_kind if first.platform != 'cpu' else 'cpu',
+                               first.platform, [len(s) for s in slices])
+  if len({len(s) for s in slices}) > 1:
+    raise ValueError(f'the devices are {described}: slices of different sizes cannot share '
+                     'one mesh')
+  dcn, ici = hybrid_shape(mesh_cfg, len(slices), len(slices[0]), described)
+  split = first.device_kind in SPLIT_PHYSICAL_AXES_KINDS
+  blocks = np.empty(dcn, dtype=object)
+  for index, devices_of_slice in zip(np.ndindex(*dcn), slices):
+    blocks[index] = mesh_utils.create_device_mesh(ici, devices_of_slice,
+                                                  allow_split_physical_axes=split)
+  return Mesh(np.block(blocks.tolist()), MESH_AXES,
+              axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def _mesh_axes(logical: str, rules: Mapping) -> tuple[str, ...]:

@@ -14,6 +14,9 @@ from unittest import mock
 import pytest
 from jax._src import clusters  # what jax.distributed.initialize() detects, without connecting
 
+from t5lite import config as config_lib
+from t5lite.train import mesh as mesh_lib
+
 SCRIPT = os.path.join(os.path.dirname(__file__), '..', '..', 'launch', 'slurm_gpu.sbatch')
 FLAGS = ['--config=configs/t5_tiny.py', '--workdir=/shared/r']
 
@@ -97,6 +100,16 @@ def test_one_process_per_node_drives_all_its_gpus_with_all_its_cpus(tmp_path):
 def test_nodes_with_4_gpus(tmp_path):
   tasks = sbatch(tmp_path, *FLAGS, nodes=3, gpus=4)
   assert [jax_view(task['env'])[1:] for task in tasks] == [(3, i, [0, 1, 2, 3]) for i in range(3)]
+
+
+def test_the_nodes_are_the_dcn_data_axis_unless_the_flags_say_otherwise(tmp_path):
+  """3 nodes of 8 GPUs: the mesh is 3 slices of 8 (data=24) by default; dcn_fsdp=3 shards the
+  parameters across them instead."""
+  argv = sbatch(tmp_path, *FLAGS, '--config.mesh.dcn_fsdp=3', nodes=3)[0]['argv']
+  config = config_lib.base_config()
+  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((3, 1, 1), (8, 1, 1))
+  config_lib.override(config, [flag for flag in argv if flag.startswith('--config.')])
+  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((1, 3, 1), (8, 1, 1))
 
 
 def test_a_job_without_gpus_stops_with_one_line(tmp_path):

@@ -195,6 +195,10 @@ def test_run_is_create_setup_train_then_the_preemption_watch(capsys):
     (['run', *V4, '--accelerator_type=v4-8', '--keep_slice', '--', *FLAGS],
      '--keep_slice goes with --restart_on_preemption'),
     (['deploy', *V4], "invalid choice: 'deploy'"),
+    (['create', *V4, '--accelerator_type=v4-8', '--num_slices=2'],
+     '--num_slices above 1 needs --queued'),
+    (['create', *V4, '--accelerator_type=v4-8', '--num_slices=0', '--queued'],
+     '--num_slices=0 must be at least 1'),
 ])
 def test_bad_inputs_fail_with_one_error_line(capsys, argv, message):
   with pytest.raises(SystemExit) as exit_:
@@ -392,7 +396,8 @@ def test_a_shutdown_sigterm_records_75_and_the_status_tells_running_stopped_and_
                   'while true; do sleep 0.05; done\n')
   fake.chmod(0o755)
   (tmp_path / 't5lite').mkdir()
-  status = tpu_vm.exit_status_command(argparse.Namespace(name='t5', zone='z', project=None))
+  status = tpu_vm.exit_status_command(argparse.Namespace(name='t5', zone='z', project=None,
+                                                         num_slices=1))
   status = status[-1].removeprefix('--command=')
   assert remote(status, tmp_path) == '75'  # gone without a status: stopped early
   training = subprocess.Popen(['bash', '-c', tpu_vm.train_script(FLAGS)], cwd=tmp_path,
@@ -405,3 +410,58 @@ def test_a_shutdown_sigterm_records_75_and_the_status_tells_running_stopped_and_
   wait_for((tmp_path / 't5lite-train.exit').exists, 'the exit status')
   assert remote(status, tmp_path) == '75'
   assert log.read_text().endswith('saved\n')  # t5lite saved before it exited
+
+
+SLICES = [*V5E, '--num_slices=2']
+
+
+def test_two_slices_are_one_queued_resource_of_two_nodes(capsys):
+  create, describe = dry_run(capsys, 'create', *SLICES, '--accelerator_type=v5litepod-256',
+                             '--queued', '--spot')[0]
+  assert create == [*TPUS, 'queued-resources', 'create', 't5-v5e', '--zone=us-west4-a',
+                    '--node-count=2', '--node-prefix=t5-v5e', '--accelerator-type=v5litepod-256',
+                    '--runtime-version=v2-alpha-tpuv5-lite', '--spot']
+  assert describe[3:6] == ['queued-resources', 'describe', 't5-v5e']
+  assert dry_run(capsys, 'delete', *SLICES, '--queued')[0] == [
+      [*TPUS, 'queued-resources', 'delete', 't5-v5e', '--zone=us-west4-a', '--force', '--quiet']]
+
+
+def test_every_slice_is_set_up_and_trains(capsys):
+  setup = dry_run(capsys, 'setup', *SLICES)[0]
+  assert [(c[4], c[5]) for c in setup] == [
+      ('ssh', 't5-v5e-0'), ('scp', '--recurse'), ('ssh', 't5-v5e-0'),
+      ('ssh', 't5-v5e-1'), ('scp', '--recurse'), ('ssh', 't5-v5e-1')]
+  assert [c[-3] for c in setup if c[4] == 'scp'] == ['t5-v5e-0:t5lite/', 't5-v5e-1:t5lite/']
+  (train0, train1), warning = dry_run(capsys, 'train', *SLICES,
+                                      '--accelerator_type=v5litepod-256', '--', *FLAGS)
+  assert train0 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-0', '--zone=us-west4-a', '--worker=all', TRAIN]
+  assert train1 == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-1', '--zone=us-west4-a', '--worker=all', TRAIN]
+  assert warning == ''
+  local = dry_run(capsys, 'train', *SLICES, '--accelerator_type=v5litepod-256', '--',
+                  '--workdir=runs/x')[1]
+  assert 'local to each of the 128 workers of 2 x v5litepod-256' in local
+
+
+def test_logs_and_the_exit_status_come_from_slice_0_worker_0(capsys):
+  assert dry_run(capsys, 'logs', *SLICES)[0] == [
+      [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-0', '--zone=us-west4-a', '--worker=0',
+       '--command=tail -n 100 -F $HOME/t5lite-train.log']]
+  commands, _ = dry_run(capsys, 'run', *SLICES, '--accelerator_type=v5litepod-16', '--queued',
+                        '--restart_on_preemption', '--', *FLAGS)
+  assert commands[-1] == [*TPUS, 'tpu-vm', 'ssh', 't5-v5e-0', '--zone=us-west4-a',
+                          '--worker=0', STATUS]
+
+
+def test_a_preempted_slice_stops_both_and_the_whole_resource_is_recreated(monkeypatch):
+  """One slice preempted: JAX's sync point stops every process at one step (75 on slice 0), the
+  queued resource turns SUSPENDED, and the watcher deletes it, creates both slices again, sets
+  up and starts both, then finishes."""
+  gcloud = FakeGcloud(['ACTIVE', 'ACTIVE', 'SUSPENDED', 'ACTIVE'], ['75', '0'])
+  monkeypatch.setattr(tpu_vm, 'subprocess', gcloud)
+  monkeypatch.setattr(tpu_vm, 'time', FakeClock())
+  status = tpu_vm.main(['run', *SLICES, '--accelerator_type=v5litepod-16', '--queued',
+                        '--restart_on_preemption', '--', *FLAGS])
+  launch = ['create', 'state', *['setup'] * 6, 'train', 'train']
+  assert status == 0
+  assert gcloud.calls == [*launch, 'state', 'status', 'state', 'delete', 'unlock', *launch,
+                          'state', 'status', 'delete']

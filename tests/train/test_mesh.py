@@ -4,6 +4,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax.core import spmd
 from jax.sharding import AxisType, PartitionSpec as P
@@ -152,3 +153,58 @@ def test_check_divisibility():
   data.batch_size = 12
   with pytest.raises(ValueError, match=r'data.batch_size=12 .* mesh.data\*mesh.fsdp=8'):
     mesh_lib.check_divisibility(small, data, make(4, 2, 1), RULES)
+
+
+def fake_slices(per_slice: int):
+  """Slices of consecutive CPU devices: CPU devices have no slice_index."""
+  return lambda device: device.id // per_slice
+
+
+@pytest.mark.parametrize('ici, dcn', [
+    (dict(data=2, fsdp=2, tensor=1), dict(dcn_data=2)),
+    (dict(data=1, fsdp=2, tensor=2), dict(dcn_data=2)),
+    (dict(data=-1, fsdp=1, tensor=2), dict(dcn_fsdp=2)),
+])
+def test_hybrid_mesh_keeps_every_ici_axis_inside_a_slice(ici, dcn):
+  mesh = mesh_lib.make_mesh({**ici, **dcn}, slice_of=fake_slices(4))
+  sizes = mesh_lib.mesh_shape(ici, 4)
+  dcn_sizes = (dcn.get('dcn_data', 1), dcn.get('dcn_fsdp', 1), 1)
+  assert tuple(mesh.shape.values()) == tuple(s * d for s, d in zip(sizes, dcn_sizes))
+  slice_of = fake_slices(4)
+  for index in np.ndindex(*mesh.devices.shape):
+    # The slice is fixed by the DCN part of each index (slice-major), whatever the ICI part.
+    dcn_index = tuple(i // s for i, s in zip(index, sizes))
+    assert slice_of(mesh.devices[index]) == np.ravel_multi_index(dcn_index, dcn_sizes)
+
+
+def test_one_slice_mesh_is_the_one_jax_make_mesh_builds():
+  mesh = make(2, 2, 2)
+  expected = jax.make_mesh((2, 2, 2), mesh_lib.MESH_AXES, devices=jax.devices())
+  assert (mesh.devices == expected.devices).all()
+
+
+@pytest.mark.parametrize('dcn, slices, expected', [
+    (dict(), 1, (1, 1, 1)), (dict(), 4, (4, 1, 1)), (dict(dcn_fsdp=2), 4, (2, 2, 1)),
+    (dict(dcn_data=-1, dcn_fsdp=4), 4, (1, 4, 1)), (dict(dcn_data=2, dcn_fsdp=2), 4, (2, 2, 1)),
+])
+def test_dcn_data_left_at_minus_1_takes_the_slices_dcn_fsdp_leaves(dcn, slices, expected):
+  """The default: data parallel across every slice, and one slice anywhere (eval, export)."""
+  assert mesh_lib.dcn_shape(dcn, slices, f'{slices} slices') == expected
+
+
+@pytest.mark.parametrize('dcn, slice_of, match', [
+    (dict(dcn_data=2), None, 'mesh.dcn_data=2 mesh.dcn_fsdp=1 must multiply to the number of '
+     'slices .* the devices are 8 cpu devices in 1 slice of 8; set mesh.dcn_data \\* '
+     'mesh.dcn_fsdp = 1'),
+    (dict(dcn_data=3), fake_slices(4), 'devices are 8 cpu devices in 2 slices of 4'),
+    (dict(dcn_data=2, dcn_fsdp=2), fake_slices(4), 'must multiply to the number of slices'),
+    (dict(dcn_data=0, dcn_fsdp=2), fake_slices(4), 'must be positive'),
+    (dict(dcn_fsdp=3), fake_slices(4), 'mesh.dcn_data=-1 mesh.dcn_fsdp=3 must multiply'),
+    (dict(dcn_tensor=2), fake_slices(4), 'mesh.dcn_tensor: tensor parallelism stays inside'),
+    (dict(dcn_data=2), fake_slices(6), 'in 2 slices of 2/6: slices of different sizes'),
+])
+def test_dcn_axes_that_do_not_match_the_slices_are_one_line(dcn, slice_of, match):
+  kwargs = {'slice_of': slice_of} if slice_of else {}
+  with pytest.raises(ValueError, match=match) as error:
+    mesh_lib.make_mesh(dict(data=-1, fsdp=1, tensor=1, **dcn), **kwargs)
+  assert '\n' not in str(error.value)

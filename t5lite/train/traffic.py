@@ -1,0 +1,182 @@
+"""The bytes a train step sends over the data-center network (DCN) and over ICI, for `t5lite plan`.
+
+Two ways, which the plan shows side by side where it compiles:
+- analytic, from the parameter bytes and the mesh, counting the collectives a sharded step
+  needs as ring algorithms do (an all-reduce of B bytes among n sends 2(n-1)/n * B per member;
+  an all-gather or reduce-scatter (n-1)/n * B);
+- from the compiled HLO: every collective whose replica groups span slices, counted as XLA's
+  hierarchical collectives send it (inside each slice over ICI first, so only each slice's
+  share crosses DCN).
+
+Worked example, data parallelism over 2 slices of 4 devices, 100 MB of float32 gradients: each
+slice sends 2 * (2-1)/2 * 100 MB = 100 MB over DCN a step, 25 MB from each device; the HLO's
+all-reduce of the gradients over all 8 devices (2 slices) counts 2 * 1/2 * 100 MB / 4 = 25 MB
+per device too.
+"""
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from t5lite.models import family
+from t5lite.models.config import ModelConfig
+
+
+def all_reduce(nbytes: float, members: int) -> float:
+  """Bytes each member of a ring all-reduce of `nbytes` sends."""
+  return 2 * (members - 1) / members * nbytes
+
+
+def all_gather(nbytes: float, members: int) -> float:
+  """Bytes each member sends in a ring all-gather of `nbytes` (or a reduce-scatter of them)."""
+  return (members - 1) / members * nbytes
+
+
+def dcn_bytes_per_slice(param_bytes: float, dcn_data: int, dcn_fsdp: int) -> float:
+  """Bytes one slice sends over DCN in a step: the all-reduce of its gradients across the
+  dcn_data replicas (of the 1/dcn_fsdp it keeps) and, across dcn_fsdp, the reduce-scatter of the
+  gradients and one all-gather of the parameters. One: XLA keeps the gathered weights for the
+  backward pass, with or without remat, in the steps compiled on CPU (unscanned); a scanned
+  stack may gather them again in its backward loop, which a compiled plan's count shows."""
+  return all_reduce(param_bytes / dcn_fsdp, dcn_data) + 2 * all_gather(param_bytes, dcn_fsdp)
+
+
+def tensor_parallel_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int,
+                          rows: float, tensor: int) -> float:
+  """Bytes a device sends over ICI for tensor parallelism in a step: Megatron's two all-reduces
+  of each sublayer (self-attention, cross-attention, MLP) of its (rows, length, d_model) output,
+  one forward and one of its gradient backward."""
+  shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
+  itemsize = np.dtype(cfg.dtype).itemsize
+  sublayer_bytes = sum(
+      stack.layers * (2 + bool(stack.cross_length)) * rows * stack.length * cfg.d_model
+      for stack in shapes.stacks) * itemsize
+  return 2 * all_reduce(sublayer_bytes, tensor)
+
+
+def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
+                     ici: Mapping[str, int], dcn: Mapping[str, int]) -> dict[str, float]:
+  """DCN bytes per slice and per device, and ICI bytes per device, of one step.
+
+  `ici` and `dcn` are the mesh's sizes inside a slice and across slices ('data', 'fsdp',
+  'tensor'). Inside a slice, as the hierarchical collectives run: a device reduce-scatters the
+  gradients of its tensor shard over the slice's batch devices (the DCN collectives then move
+  its piece), all-gathers its fsdp shard back over data, and takes part in the slice's share of
+  the one all-gather of the parameters over fsdp (see dcn_bytes_per_slice); tensor parallelism
+  adds `tensor_parallel_bytes`.
+  """
+  per_slice = math.prod(ici.values())
+  dcn_slice = dcn_bytes_per_slice(param_bytes, dcn['data'], dcn['fsdp'])
+  shard = param_bytes / ici['tensor']  # the gradients (parameters) of one tensor shard
+  batch_devices = ici['data'] * ici['fsdp']
+  rows = data_cfg.batch_size / (batch_devices * dcn['data'] * dcn['fsdp'])
+  ici_device = (all_gather(shard, batch_devices)
+                + all_gather(shard / (ici['fsdp'] * dcn['fsdp']), ici['data'])
+                + all_gather(shard, ici['fsdp'])
+                + tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length,
+                                        rows, ici['tensor']))
+  return {'dcn_per_slice': dcn_slice, 'dcn_per_device': dcn_slice / per_slice,
+          'ici_per_device': ici_device}
+
+
+COLLECTIVE = re.compile(r'^\s*\S+ = (?P<type>.*?) (?P<op>all-reduce|all-gather|reduce-scatter|'
+                        r'all-to-all)(?P<start>-start)?\(')
+ARRAY = re.compile(r'\b(pred|[suf]\d+|bf16|f8e\w+)\[([\d,]*)\]')
+IOTA_GROUPS = re.compile(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?')
+LISTED_GROUPS = re.compile(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}')
+MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+COMPUTATION = re.compile(r'^(ENTRY )?%(\S+) .*\{$')
+WHILE_BODY = re.compile(r' while\(.*\bbody=%([^,\s]+)')
+TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def array_bytes(text: str) -> list[int]:
+  """Bytes of each array type in an HLO type string, '(f32[4,8]{1,0}, bf16[2])' -> [128, 4]."""
+  sizes = []
+  for dtype, dims in ARRAY.findall(text):
+    bits = 8 if dtype == 'pred' else int(re.match(r'[a-z]+(\d+)', dtype)[1])
+    sizes.append(math.prod(int(d) for d in dims.split(',') if d) * bits // 8)
+  return sizes
+
+
+def replica_groups(line: str, num_devices: int) -> np.ndarray:
+  """The (groups, members) device ids of one collective's HLO line, in any of the three forms
+  XLA prints: listed ({{0,1},{2,3}}), iota ([2,2]<=[4]) or mesh axes (mesh['a'=2,'b'=2] {'a'}:
+  the devices that differ only along the named axes)."""
+  if match := MESH_GROUPS.search(line):
+    axes = re.findall(r"'(\w+)'=(\d+)", match[1])
+    ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
+    names = [name for name, _ in axes]
+    inside = [names.index(name) for name in re.findall(r"'(\w+)'", match[2])]
+    ids = ids.transpose([i for i in range(len(names)) if i not in inside] + inside)
+    return ids.reshape(-1, math.prod(int(axes[i][1]) for i in inside))
+  if match := IOTA_GROUPS.search(line):
+    dims = [int(d) for d in match[3].split(',')]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if match[4]:
+      ids = ids.transpose([int(p) for p in match[4].split(',')])
+    return ids.reshape(int(match[1]), int(match[2]))
+  match = LISTED_GROUPS.search(line)
+  groups = [[int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', match[1])
+            ] if match else []
+  return np.array(groups) if groups and groups[0] else np.arange(num_devices)[None]
+
+
+def runs_per_step(hlo_text: str) -> dict[str, int]:
+  """How often each computation of an HLO module runs in a step: the product of the known trip
+  counts of the while loops around it (a scanned layer stack: its layers), 1 outside loops."""
+  loops, entry, current = {}, None, None
+  for line in hlo_text.splitlines():
+    if match := COMPUTATION.match(line):
+      current = match[2]
+      entry = current if match[1] else entry
+    elif match := WHILE_BODY.search(line):
+      trips = TRIP_COUNT.search(line)
+      loops.setdefault(current, []).append((match[1], int(trips[1]) if trips else 1))
+  runs, todo = {}, [(entry, 1)]
+  while todo:
+    name, count = todo.pop()
+    runs[name] = count
+    todo += [(body, count * trips) for body, trips in loops.get(name, [])]
+  return runs
+
+
+def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]:
+  """Bytes per device, on average, that a compiled step's collectives send over DCN ('dcn') and
+  inside a slice ('ici').
+
+  `slice_of_device[i]`: the slice of device i of the executable (the mesh's devices in order).
+  A collective among m devices of n slices runs as XLA's hierarchical collectives do: a ring
+  among the group's m/n devices of each slice over ICI, and n/m of the ring share among the n
+  slices per device over DCN (an all-to-all sends (n-1)/n of its bytes across). A collective
+  inside a loop counts once per iteration (`runs_per_step`).
+  """
+  slices = np.asarray(slice_of_device)
+  runs, current = runs_per_step(hlo_text), None
+  totals = {'dcn': 0.0, 'ici': 0.0}
+  for line in hlo_text.splitlines():
+    if computation := COMPUTATION.match(line):
+      current = computation[2]
+    match = COLLECTIVE.search(line)
+    if not match:
+      continue
+    arrays = array_bytes(match['type'])
+    if match['start'] and match['op'] == 'all-gather':
+      arrays = arrays[len(arrays) // 2:]  # an async all-gather's type is (operands, results)
+    groups = replica_groups(line, len(slices))
+    members = groups.shape[1]
+    nbytes = (sum(arrays) * (members if match['op'] == 'reduce-scatter' else 1)
+              * runs.get(current, 1))
+    ring = all_reduce if match['op'] == 'all-reduce' else all_gather
+    for group in groups:
+      spanned = len(set(slices[group]))
+      inside = members // spanned
+      if match['op'] == 'all-to-all':
+        totals['dcn'] += ring(nbytes, spanned) * members
+        totals['ici'] += nbytes * (inside - 1) / members * members
+      else:  # the group's members' bytes
+        totals['dcn'] += ring(nbytes, spanned) * spanned
+        totals['ici'] += ring(nbytes, inside) * members
+  return {link: total / len(slices) for link, total in totals.items()}
