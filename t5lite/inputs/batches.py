@@ -122,6 +122,41 @@ class SyntheticBatches:
     pass
 
 
+class SkippingBatches:
+  """Batches that jump over ranges of global batch numbers, each [first, end): the batches a
+  rollback dropped (t5lite/train/spikes.py). Batch k being a function of k, a run, its resumes
+  and `t5lite data` read the same batches after a rollback, opened anew past each range by
+  `open_batches(position)` (a batch number, or a `state()` with its batch replaced).
+
+    ranges [(2, 5)]: the steps read batches 0, 1, 5, 6, ..."""
+
+  def __init__(self, open_batches, start, ranges: list[tuple[int, int]]):
+    self._open, self._ranges = open_batches, ranges
+    self._batches = open_batches(start)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    position = self._batches.state()
+    end = self._range_end(position['batch'])
+    while end is not None:
+      self._batches.close()
+      position = dict(position, batch=end)
+      self._batches = self._open(position)
+      end = self._range_end(end)
+    return next(self._batches)
+
+  def _range_end(self, batch: int) -> int | None:
+    return next((end for first, end in self._ranges if first <= batch < end), None)
+
+  def state(self) -> dict:
+    return self._batches.state()
+
+  def close(self):
+    self._batches.close()
+
+
 def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
   """Rows of each global batch that one process feeds; one line if the processes cannot share it."""
   if not 0 <= process_index < process_count:
