@@ -137,7 +137,7 @@ def test_skip_leaves_the_params_as_before_the_step_and_a_healthy_run_unchanged(t
   rows = metrics(tmp_path / 'skip')
   assert [rows[step]['spike'] for step in range(1, 9)] == [0, 0, 0, 0, 0, 0, 1, 0]
   assert rows[7]['skipped_steps'] == rows[8]['skipped_steps'] == 1
-  assert rows[7]['loss_z'] > 4
+  assert rows[7]['grad_norm_z'] > 8  # the threshold; 38 on 2026-11-28 (the loss's z: 0.03)
   before, after = saved_params(tmp_path / 'skip', 6), saved_params(tmp_path / 'skip', 7)
   for name in before:
     np.testing.assert_array_equal(before[name], after[name], err_msg=name)
