@@ -9,6 +9,7 @@ those points, and the next two batches are already on the devices while a step r
 
 import collections
 import contextlib
+import functools
 import json
 import time
 from typing import Callable, NamedTuple
@@ -36,7 +37,7 @@ from t5lite.train import state as state_lib
 
 # What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
 WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,
-                 metrics_lib.TENSORBOARD_FOLDER: True, spikes_lib.SKIPPED_FILE: False}
+                 metrics_lib.TENSORBOARD_FOLDER: True, batches_lib.SKIPPED_FILE: False}
 
 
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -138,19 +139,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       reader.close()
       return {'step': latest, 'finished': True}
   history = metrics_lib.read_history(workdir)
-  rollbacks = spikes_lib.read_skipped(workdir)
+  rollbacks = batches_lib.read_skipped(workdir)
   # measures the CPU's matmul rate: outside the mesh
   rates = throughput_rates(config, run.model_cfg, None if teacher is None else teacher.cfg)
   with run.sharding():
     state, data_start = initial_state(run, reader, latest, init_params)
     reader.close()
-
-    def open_batches(start, ranges) -> DeviceBatches:  # past the batches rollbacks dropped
-      return DeviceBatches(batches_lib.SkippingBatches(inputs.train, start, ranges) if ranges
-                           else inputs.train(start), run.batch_sharding)
-
+    open_batches = functools.partial(device_batches, inputs.train, run.batch_sharding)
     batches = checked_batches(config, inputs, open_batches(
-        data_start, spikes_lib.skipped_ranges(rollbacks)))
+        data_start, batches_lib.skipped_ranges(rollbacks)))
     loss = run.loss(teacher, exact_match=inputs.exact_match)
     train_step, speed = compiled_train_step(run, loss, state, batches.peek(), rates)
     eval_step = run.jit_eval_step(loss)
@@ -224,6 +221,14 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
                      'folder of its own')
   if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
     raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
+
+
+def device_batches(train_batches: Callable, sharding: NamedSharding, start,
+                   ranges: list[tuple[int, int]]) -> 'DeviceBatches':
+  """The training batches from `start` (`Inputs.train`'s), laid out on the devices, past the
+  ranges of batch numbers that rollbacks dropped."""
+  return DeviceBatches(batches_lib.SkippingBatches(train_batches, start, ranges) if ranges
+                       else train_batches(start), sharding)
 
 
 def checked_batches(config, inputs: Inputs, batches: 'DeviceBatches') -> 'DeviceBatches':
@@ -343,8 +348,8 @@ def report_rollback(writer: metrics_lib.MetricWriter, record: dict) -> None:
   writer.write(record['step'], {'rollback_to_step': record['checkpoint'],
                                 'skipped_batches_first': first, 'skipped_batches_end': end})
   if jax.process_index() == 0:
-    print(f'rollback: loss {record["loss"]:.4f} at step {record["step"]}; back to step '
-          f'{record["checkpoint"]}, batches {first} to {end - 1} skipped', flush=True)
+    print(f'rollback: {spikes_lib.describe(record)}; back to step {record["checkpoint"]}, '
+          f'batches {first} to {end - 1} skipped', flush=True)
 
 
 def device_memory() -> dict:

@@ -12,7 +12,7 @@ deviations above its mean. A spike never enters the statistics.
   skip      the step's update is not applied; `skip_limit` skips within `skip_window` steps
             escalate to rollback
   rollback  reloads the last checkpoint before the spike and skips the batches from its
-            position to `rollback_skip_after` past the spike's (recorded in SKIPPED_FILE)
+            position to `rollback_skip_after` past the spike's (batches.SKIPPED_FILE)
 
 The step marks the first spike the host must act on (`action_step`, -1 for none); the host reads
 it where it already waits on the devices (log and save points), so no step waits for it.
@@ -26,13 +26,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from t5lite import files
 from t5lite import paths
+from t5lite.inputs import batches as batches_lib
 
 POLICIES = ('off', 'stop', 'skip', 'rollback')
-# The batches each rollback dropped, in the workdir: {"rollbacks": [{"step", "checkpoint",
-# "batches": [first, end), "loss", "grad_norm"}, ..]}; resumes and `t5lite data` skip them too.
-SKIPPED_FILE = 'skipped_batches.json'
 _EPSILON = 1e-12  # keeps a z-score finite when every step had the same value
 
 
@@ -136,33 +133,10 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
         f'train.steps={config.train.steps}; save more often or use policy=stop')
 
 
-def read_skipped(workdir: str) -> list[dict]:
-  """The rollbacks recorded in the workdir (none without SKIPPED_FILE), checked."""
-  path = paths.path(workdir) / SKIPPED_FILE
-  if not path.exists():
-    return []
-  rollbacks = files.read_json(path).get('rollbacks')
-  files.check_type(rollbacks, list, f'{path}: rollbacks')
-  for number, rollback in enumerate(rollbacks):
-    where = f'{path}: rollbacks[{number}]'
-    files.check_type(rollback, dict, where)
-    first_end = rollback.get('batches')
-    if not (isinstance(first_end, list) and len(first_end) == 2
-            and all(type(b) is int for b in first_end) and 0 <= first_end[0] <= first_end[1]):
-      raise ValueError(f'{where}: batches must be [first, end] batch numbers; correct or delete '
-                       f'{path}')
-  return rollbacks
-
-
-def skipped_ranges(rollbacks: list[dict]) -> list[tuple[int, int]]:
-  """The [first, end) batch numbers each rollback dropped."""
-  return [tuple(rollback['batches']) for rollback in rollbacks]
-
-
 def record_rollback(workdir: str, rollbacks: list[dict]) -> None:
   """Writes the rollbacks, whole or not at all (process 0)."""
   if jax.process_index() == 0:
-    paths.write_text(paths.path(workdir) / SKIPPED_FILE,
+    paths.write_text(paths.path(workdir) / batches_lib.SKIPPED_FILE,
                      json.dumps({'rollbacks': rollbacks}, indent=2) + '\n')
 
 
@@ -182,41 +156,42 @@ class Responder:
     `batch_of_step` maps each step since the last call to the batch number it read."""
     if int(state.spikes.action_step) < 0:
       return None
-    what = describe(jax.device_get(state.spikes))
-    latest = self._checkpointer.latest_step()
+    spike = spike_record(jax.device_get(state.spikes))
     if self._cfg.policy in ('off', 'stop'):
-      raise FloatingPointError(f'{what}; nothing was saved after it (latest checkpoint: '
-                               f'{latest}). Lower optim.learning_rate or check the data')
+      raise FloatingPointError(f'{describe(spike)}; nothing was saved after it (latest '
+                               f'checkpoint: {self._checkpointer.latest_step()}). Lower '
+                               'optim.learning_rate or check the data')
     self._checkpointer.wait()
     latest = self._checkpointer.latest_step()
     if latest is None:
-      raise FloatingPointError(f'{what}; no checkpoint before it to roll back to: stopped, '
-                               'nothing saved')
+      raise FloatingPointError(f'{describe(spike)}; no checkpoint before it to roll back to: '
+                               'stopped, nothing saved')
     if len(self.rollbacks) >= self._cfg.max_rollbacks:
       raise FloatingPointError(
-          f'{what}; {len(self.rollbacks)} rollbacks already (train.spikes.max_rollbacks): '
-          f'stopped, nothing saved after step {latest}')
-    return self._roll_back(state.spikes, latest, batch_of_step)
-
-  def _roll_back(self, stats, latest: int, batch_of_step: dict[int, int]):
+          f'{describe(spike)}; {len(self.rollbacks)} rollbacks already '
+          f'(train.spikes.max_rollbacks): stopped, nothing saved after step {latest}')
     restored, position = self._checkpointer.restore(latest, self._abstract)
-    step = int(stats.action_step)
     first = position['processes'][0]['batch']  # global batches: the same on every process
-    record = {'step': step, 'checkpoint': latest,
-              'batches': [first, batch_of_step[step] + 1 + self._cfg.rollback_skip_after],
-              'loss': float(stats.action_loss), 'grad_norm': float(stats.action_grad_norm)}
-    self.rollbacks.append(record)
+    end = batch_of_step[spike['step']] + 1 + self._cfg.rollback_skip_after
+    self.rollbacks.append(dict(spike, checkpoint=latest, batches=[first, end]))
     record_rollback(self._workdir, self.rollbacks)
-    batches = self._open(position['processes'], skipped_ranges(self.rollbacks))
-    return restored, batches, latest, record
+    batches = self._open(position['processes'], batches_lib.skipped_ranges(self.rollbacks))
+    return restored, batches, latest, self.rollbacks[-1]
 
 
-def describe(stats: SpikeStats) -> str:
-  """'loss spike at step 37: loss 9.8123 (12.3 deviations above its mean), grad_norm ...'."""
-  step, loss, grad_norm = int(stats.action_step), float(stats.action_loss), float(
-      stats.action_grad_norm)
-  if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-    return f'loss became NaN or Inf at step {step} (loss {loss}, grad_norm {grad_norm})'
-  return (f'loss spike at step {step}: loss {loss:.4f} ({float(stats.action_loss_z):.1f} '
-          f'deviations above its mean), grad_norm {grad_norm:.4f} '
-          f'({float(stats.action_grad_z):.1f})')
+def spike_record(stats: SpikeStats) -> dict:
+  """The spike the host acts on, as plain numbers (a rollback's record)."""
+  return {'step': int(stats.action_step), 'loss': float(stats.action_loss),
+          'grad_norm': float(stats.action_grad_norm), 'loss_z': float(stats.action_loss_z),
+          'grad_norm_z': float(stats.action_grad_z)}
+
+
+def describe(spike: dict) -> str:
+  """'loss spike at step 37: loss 9.8123 (z +12.3), grad_norm 1.2000 (z +0.4)': z, the
+  deviations from the moving mean."""
+  if not (math.isfinite(spike['loss']) and math.isfinite(spike['grad_norm'])):
+    return (f'loss became NaN or Inf at step {spike["step"]} (loss {spike["loss"]}, grad_norm '
+            f'{spike["grad_norm"]})')
+  return (f'loss spike at step {spike["step"]}: loss {spike["loss"]:.4f} (z '
+          f'{spike["loss_z"]:+.1f}), grad_norm {spike["grad_norm"]:.4f} (z '
+          f'{spike["grad_norm_z"]:+.1f})')

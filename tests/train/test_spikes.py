@@ -13,6 +13,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from t5lite import cli
+from t5lite import config as config_lib
 from t5lite.inputs import batches as batches_lib
 from t5lite.train import spikes
 from tests.train.test_loop import metrics, saved_params, train
@@ -157,8 +159,8 @@ def test_rollback_skips_the_batches_and_a_killed_run_resumes_them_exactly(tmp_pa
   flags = ['--config.train.steps=10', '--config.checkpoint.every_steps=4',
            '--config.train.spikes.rollback_skip_after=2']
   assert spiking_run(tmp_path / 'straight', 'rollback', *flags) == 0
-  assert 'rollback: loss ' in capsys.readouterr().out
-  with open(tmp_path / 'straight' / spikes.SKIPPED_FILE, encoding='utf-8') as f:
+  assert 'rollback: loss spike at step 7: loss ' in capsys.readouterr().out
+  with open(tmp_path / 'straight' / batches_lib.SKIPPED_FILE, encoding='utf-8') as f:
     (record,) = json.load(f)['rollbacks']
   # back to checkpoint 4 (batches 0-3 read); batches 4 up to the spike's 6, and 2 more, dropped
   assert (record['step'], record['checkpoint'], record['batches']) == (7, 4, [4, 9])
@@ -168,6 +170,14 @@ def test_rollback_skips_the_batches_and_a_killed_run_resumes_them_exactly(tmp_pa
   # read ahead before the rollback: 7; after it, from 9 on
   assert read[read.index(POISONED) + 1:][:7] == [7, 9, 10, 11, 12, 13, 14]
   straight = metrics(tmp_path / 'straight')
+  # `t5lite data` sees the same history: the batches of steps 1-6 are 0-3, then 9 and 10
+  assert cli.main(['data', f'--workdir={tmp_path / "straight"}', '--num_batches=6',
+                   f'--out={tmp_path / "read.npz"}']) == 0
+  batches_lib.write_batches(config_lib.from_workdir(str(tmp_path / 'straight')), 11,
+                            str(tmp_path / 'all.npz'))  # none skipped
+  with np.load(tmp_path / 'read.npz') as read_by_steps, np.load(tmp_path / 'all.npz') as every:
+    for name in every:
+      np.testing.assert_array_equal(read_by_steps[name], every[name][[0, 1, 2, 3, 9, 10]])
 
   del read[:]
   stop_at[0] = 11  # killed at step 6 of the run after its rollback, nothing saved since step 4
