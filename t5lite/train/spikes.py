@@ -51,11 +51,18 @@ class SpikeStats(flax.struct.PyTreeNode):
 
 
 def init_stats() -> SpikeStats:
-  int_zero, zero = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
-  return SpikeStats(seen=int_zero, loss_mean=zero, loss_var=zero, grad_mean=zero, grad_var=zero,
-                    skipped=int_zero, window_start=int_zero, window_skips=int_zero,
-                    action_step=jnp.full((), -1, jnp.int32), action_loss=zero,
-                    action_grad_norm=zero, action_loss_z=zero, action_grad_z=zero)
+  """Zeros and no action, each leaf its own array: a train state is donated to the step, and two
+  leaves sharing one buffer would hand it over twice."""
+  def int_zero():
+    return jnp.zeros((), jnp.int32)
+
+  def zero():
+    return jnp.zeros((), jnp.float32)
+  return SpikeStats(seen=int_zero(), loss_mean=zero(), loss_var=zero(), grad_mean=zero(),
+                    grad_var=zero(), skipped=int_zero(), window_start=int_zero(),
+                    window_skips=int_zero(), action_step=jnp.full((), -1, jnp.int32),
+                    action_loss=zero(), action_grad_norm=zero(), action_loss_z=zero(),
+                    action_grad_z=zero())
 
 
 def _moments(mean, var, value, weight):

@@ -8,6 +8,7 @@ predicts badly; each run sees it at the step that reads that batch."""
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -85,6 +86,12 @@ def test_the_statistics_are_the_plain_mean_and_variance_then_a_moving_one_and_a_
   np.testing.assert_allclose(float(stats.loss_mean), (5.0 + 0.5 / 3) * 2 / 3 + 5.0 / 3, rtol=1e-6)
   assert int(stats.seen) == 5 and int(stats.action_step) == 5
   np.testing.assert_allclose(float(stats.action_loss), 50.0)
+
+
+def test_every_statistic_is_its_own_array_as_a_donated_train_state_needs():
+  # two leaves of one buffer, donated twice, crashed XLA:CPU (a fine-tuning run's from_params)
+  leaves = jax.tree.leaves(spikes.init_stats())
+  assert len({id(leaf) for leaf in leaves}) == len(leaves) == 13
 
 
 def test_skip_withholds_updates_and_escalates_past_its_limit():
