@@ -123,10 +123,12 @@ class Checkpointer:
     saved = self._saved_metadata(step)
     # saved before the train state kept spike statistics (2026-11-28): they start afresh
     without_spikes = saved is not None and 'spikes' not in saved
-    full_state, abstract_state = abstract_state, (
-        abstract_state.replace(spikes=None) if without_spikes else abstract_state)
+    full_state = abstract_state
+    if without_spikes:
+      abstract_state = {name: getattr(full_state, name)
+                        for name in ('step', 'params', 'opt_state', 'rng')}
     if saved is not None:
-      self._check_params(step, saved['params'], abstract_state.params)
+      self._check_params(step, saved['params'], full_state.params)
       saved = sorted(tuple(x.shape) for x in jax.tree.leaves(saved))
     ours = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
     if saved is not None and saved != ours:
@@ -139,7 +141,7 @@ class Checkpointer:
                              data=ocp.args.JsonRestore())
     state = restored['state']
     if without_spikes:
-      state = state.replace(spikes=jax.device_put(
+      state = type(full_state)(**state, spikes=jax.device_put(
           spikes.init_stats(), jax.tree.map(lambda leaf: leaf.sharding, full_state.spikes)))
     return state, self._checked_position(step, restored['data'])
 
