@@ -129,6 +129,7 @@ def spiking_run(workdir, policy: str, *flags) -> int:
   return train(workdir, f'--config.train.spikes.policy={policy}', *SPIKES, *flags)
 
 
+@pytest.mark.slow  # a run of 7 steps, compiled: 25 s on 2 shared cores (4 s once compiled)
 def test_stop_names_the_step_and_saves_nothing_after_it(tmp_path, capsys, poison):
   assert spiking_run(tmp_path, 'stop', '--config.train.steps=10',
                      '--config.checkpoint.every_steps=4') == 2
@@ -138,7 +139,7 @@ def test_stop_names_the_step_and_saves_nothing_after_it(tmp_path, capsys, poison
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
 
 
-@pytest.mark.slow  # two runs of 8 steps: 25-30 s on 2 shared cores
+@pytest.mark.slow  # two runs of 8 steps: 34 s on 2 shared cores (66-120 s beside other jobs)
 def test_skip_leaves_the_params_as_before_the_step_and_a_healthy_run_unchanged(tmp_path, poison):
   flags = ['--config.train.steps=8', '--config.checkpoint.every_steps=1',
            '--config.checkpoint.keep=10']
@@ -159,7 +160,7 @@ def test_skip_leaves_the_params_as_before_the_step_and_a_healthy_run_unchanged(t
   assert 'spike' not in off[1] and 'skipped_steps' not in off[1]
 
 
-@pytest.mark.slow  # a rollback, the same run killed after it and resumed: 40-50 s on 2 cores
+@pytest.mark.slow  # a rollback, the same run killed and resumed: 37 s on 2 shared cores
 def test_rollback_skips_the_batches_and_a_killed_run_resumes_them_exactly(tmp_path, poison,
                                                                           capsys):
   read, stop_at = poison
@@ -216,6 +217,7 @@ def test_bad_spike_settings_are_one_line_and_write_nothing(tmp_path, capsys, fla
   assert not workdir.exists()
 
 
+@pytest.mark.slow  # a run of 7 steps: 4 s after another test compiled its step, 25 s alone
 def test_a_rollback_with_no_checkpoint_before_the_spike_stops_in_one_line(tmp_path, capsys,
                                                                           poison):
   assert spiking_run(tmp_path, 'rollback', '--config.train.steps=10',
