@@ -226,3 +226,18 @@ def test_a_rollback_with_no_checkpoint_before_the_spike_stops_in_one_line(tmp_pa
   assert len(error) == 1 and 'loss spike at step 7' in error[0], error
   assert 'no checkpoint before it to roll back to' in error[0]
   assert not os.listdir(tmp_path / 'checkpoints')
+
+
+@pytest.mark.parametrize('text, message', [
+    ('{"rollbacks": [{"batches": [5]}]}', 'rollbacks[0]: batches must be [first, end]'),
+    ('{"rollbacks": 3}', 'rollbacks'),
+    ('[1, 2', 'skipped_batches.json'),
+])
+def test_a_damaged_record_of_skipped_batches_is_one_line_and_changes_nothing(tmp_path, capsys,
+                                                                            text, message):
+  (tmp_path / batches_lib.SKIPPED_FILE).write_text(text, encoding='utf-8')
+  assert train(tmp_path, '--config.train.steps=10') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0] and batches_lib.SKIPPED_FILE in error[0], error
+  assert os.listdir(tmp_path) == [batches_lib.SKIPPED_FILE]
+  assert (tmp_path / batches_lib.SKIPPED_FILE).read_text(encoding='utf-8') == text
