@@ -84,12 +84,16 @@ def data_command(args, overrides):
     print(store.verify(args.verify, progress=sys.stderr if sys.stderr.isatty() else None))
     return
   from t5lite.inputs import batches
+  if not (args.config or args.workdir):
+    raise ValueError('give --config=PRESET, e.g. --config=t5_tiny, or --workdir of a run')
   config = load_run_config(args, overrides)
+  skipped = batches.skipped_ranges(batches.read_skipped(args.workdir)) if args.workdir else []
   if args.out:
-    batches.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite)
+    batches.write_batches(config.data, args.num_batches, args.out, overwrite=args.overwrite,
+                          skipped=skipped)
     print(f'wrote {args.num_batches} batches to {args.out}')
   if args.show:
-    print(batches.show_examples(config.data, args.show))
+    print(batches.show_examples(config.data, args.show, skipped))
 
 
 @command('export', 'export a checkpoint to a Hugging Face folder (config.json + model.safetensors)')
@@ -267,6 +271,8 @@ def _data_flags(data: argparse.ArgumentParser) -> None:
   data.add_argument('--num_batches', type=int, default=4, help='batches to write')
   data.add_argument('--out', help='.npz file for the batches')
   data.add_argument('--show', type=int, default=0, help='print K decoded examples')
+  data.add_argument('--workdir', help="a run's workdir: its saved config (unless --config), and "
+                    'the batches its rollbacks skipped left out, as its steps read them')
   data.add_argument('--verify', metavar='STORE', help='read every block of the token store '
                     'STORE, checking it against its checksum and every token id against the '
                     'vocabulary')

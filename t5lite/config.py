@@ -102,7 +102,25 @@ def _train_defaults() -> ml_collections.ConfigDict:
   train.distill_alpha = 0.5  # weight of the hard-label loss; 1 - alpha weighs T^2 KL to teacher
   train.distill_temperature = 2.0  # T: both softmaxes are taken of logits / T
   train.distill_hidden_weight = 0.0  # cosine loss between final hidden states (same d_model)
+  train.spikes = _spikes_defaults()
   return train
+
+
+def _spikes_defaults() -> ml_collections.ConfigDict:
+  """Loss spikes (t5lite/train/spikes.py): a step whose loss or gradient norm is not finite, or
+  lies more than `threshold` deviations above its moving mean, and what is done about it."""
+  spikes = ml_collections.ConfigDict()
+  # off: a NaN or Inf loss stops the run, a finite spike goes on | stop: any spike stops the run
+  # | skip: a spike's update is not applied | rollback: back to the checkpoint before the spike,
+  # its batches skipped
+  spikes.policy = 'off'
+  spikes.window = 100  # steps in the moving mean and variance; no decision before this many
+  spikes.threshold = 8.0  # deviations above the mean that make a spike (loss or gradient norm)
+  spikes.skip_limit = 5  # skip: skips within skip_window steps; the next spike rolls back
+  spikes.skip_window = 1000
+  spikes.rollback_skip_after = 20  # rollback: batches skipped past the spike's own
+  spikes.max_rollbacks = 3  # rollbacks in a run; a spike past them stops it
+  return spikes
 
 
 def _optim_mesh_checkpoint_defaults() -> dict[str, ml_collections.ConfigDict]:

@@ -22,13 +22,19 @@ import zlib
 import ml_collections
 import numpy as np
 
+from t5lite import files
 from t5lite import objectives
 from t5lite import outputs
+from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.inputs import mixture
 from t5lite.token_ids import PAD_ID, UNK_ID
 
 SYNTHETIC = 'synthetic'
+# The batches each rollback of a run dropped (t5lite/train/spikes.py), in its workdir:
+# {"rollbacks": [{"step", "checkpoint", "batches": [first, end), "loss", "grad_norm"}, ..]}; the
+# run, its resumes and `t5lite data --workdir` skip them.
+SKIPPED_FILE = 'skipped_batches.json'
 
 # Every model feature's name starts so (packing.py's converters), or is a mixture's `component`:
 # how an earlier `data --out` is recognised.
@@ -122,6 +128,64 @@ class SyntheticBatches:
     pass
 
 
+class SkippingBatches:
+  """Batches that jump over ranges of global batch numbers, each [first, end): the batches a
+  rollback dropped (t5lite/train/spikes.py). Batch k being a function of k, a run, its resumes
+  and `t5lite data` read the same batches after a rollback, opened anew past each range by
+  `open_batches(position)` (a batch number, or a `state()` with its batch replaced).
+
+    ranges [(2, 5)]: the steps read batches 0, 1, 5, 6, ..."""
+
+  def __init__(self, open_batches, start, ranges: list[tuple[int, int]]):
+    self._open, self._ranges = open_batches, ranges
+    self._batches = open_batches(start)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    position = self._batches.state()
+    end = self._range_end(position['batch'])
+    while end is not None:
+      self._batches.close()
+      position = dict(position, batch=end)
+      self._batches = self._open(position)
+      end = self._range_end(end)
+    return next(self._batches)
+
+  def _range_end(self, batch: int) -> int | None:
+    return next((end for first, end in self._ranges if first <= batch < end), None)
+
+  def state(self) -> dict:
+    return self._batches.state()
+
+  def close(self):
+    self._batches.close()
+
+
+def read_skipped(workdir: str) -> list[dict]:
+  """The rollbacks recorded in `workdir` (none without SKIPPED_FILE), checked."""
+  path = paths.path(workdir) / SKIPPED_FILE
+  if not path.exists():
+    return []
+  rollbacks = files.read_json(path).get('rollbacks')
+  files.check_type(rollbacks, list, f'{path}: rollbacks')
+  for number, rollback in enumerate(rollbacks):
+    where = f'{path}: rollbacks[{number}]'
+    files.check_type(rollback, dict, where)
+    first_end = rollback.get('batches')
+    if not (isinstance(first_end, list) and len(first_end) == 2
+            and all(type(b) is int for b in first_end) and 0 <= first_end[0] <= first_end[1]):
+      raise ValueError(f'{where}: batches must be [first, end] batch numbers; correct or delete '
+                       f'{path}')
+  return rollbacks
+
+
+def skipped_ranges(rollbacks: list[dict]) -> list[tuple[int, int]]:
+  """The [first, end) batch numbers each rollback dropped."""
+  return [tuple(rollback['batches']) for rollback in rollbacks]
+
+
 def per_process_batch(batch_size: int, process_index: int, process_count: int) -> int:
   """Rows of each global batch that one process feeds; one line if the processes cannot share it."""
   if not 0 <= process_index < process_count:
@@ -152,9 +216,17 @@ def _data_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config.data if 'data' in config else config
 
 
+def training_batches(data: ml_collections.ConfigDict, skipped: list[tuple[int, int]] = ()):
+  """One process's view of all the global training batches, the `skipped` ranges left out."""
+  def open_batches(start):
+    return make_batches(data, 'train', process_index=0, process_count=1, start=start)
+  return SkippingBatches(open_batches, 0, skipped) if skipped else open_batches(0)
+
+
 def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str,
-                  overwrite: bool = False) -> None:
-  """Saves the first `num_batches` global training batches, exactly as the train step gets them.
+                  overwrite: bool = False, skipped: list[tuple[int, int]] = ()) -> None:
+  """Saves the first `num_batches` global training batches, exactly as the train step gets them
+  (past the `skipped` ranges of a run's rollbacks).
 
   np.savez with one array per feature, shaped [num_batches, batch_size, length], at `out_path`
   exactly (numpy would append .npz to a name without it). What may be replaced, and how the
@@ -162,18 +234,19 @@ def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path:
   """
   outputs.check_file(out_path, lambda path: outputs.is_npz_of(path, _FEATURE_PREFIXES),
                      overwrite=overwrite)
-  batches = make_batches(_data_section(config), 'train', process_index=0, process_count=1)
+  batches = training_batches(_data_section(config), skipped)
   first = [next(batches) for _ in range(num_batches)]
   with outputs.writing(out_path) as temp, open(temp, 'wb') as f:
     np.savez(f, **{name: np.stack([b[name] for b in first]) for name in first[0]})
 
 
-def show_examples(config: ml_collections.ConfigDict, k: int) -> str:
+def show_examples(config: ml_collections.ConfigDict, k: int,
+                  skipped: list[tuple[int, int]] = ()) -> str:
   """The first `k` training examples as text, masks and sentinels visible, as the model sees
-  them; after what a token store holds and was prepared from."""
+  them (past the `skipped` ranges); after what a token store holds and was prepared from."""
   data = _data_section(config)
   vocab = vocabulary.load_vocabulary(data.vocabulary)
-  batches = make_batches(data, 'train', process_index=0, process_count=1)
+  batches = training_batches(data, skipped)
   summary = []
   if data.source != SYNTHETIC:
     from t5lite.data import store  # pylint: disable=import-outside-toplevel  # TensorFlow's

@@ -19,6 +19,7 @@ from t5lite import files
 from t5lite import paths
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import flatten
+from t5lite.train import spikes
 
 ITEMS = ('state', 'data', 'config')
 
@@ -120,8 +121,14 @@ class Checkpointer:
     orbax would fail inside its readers.
     """
     saved = self._saved_metadata(step)
+    # saved before the train state kept spike statistics (2026-11-28): they start afresh
+    without_spikes = saved is not None and 'spikes' not in saved
+    full_state = abstract_state
+    if without_spikes:
+      abstract_state = {name: getattr(full_state, name)
+                        for name in ('step', 'params', 'opt_state', 'rng')}
     if saved is not None:
-      self._check_params(step, saved['params'], abstract_state.params)
+      self._check_params(step, saved['params'], full_state.params)
       saved = sorted(tuple(x.shape) for x in jax.tree.leaves(saved))
     ours = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
     if saved is not None and saved != ours:
@@ -132,7 +139,11 @@ class Checkpointer:
           'start a new workdir from them (t5lite export, then import-hf)')
     restored = self._restore(step, state=ocp.args.StandardRestore(abstract_state),
                              data=ocp.args.JsonRestore())
-    return restored['state'], self._checked_position(step, restored['data'])
+    state = restored['state']
+    if without_spikes:
+      state = type(full_state)(**state, spikes=jax.device_put(
+          spikes.init_stats(), jax.tree.map(lambda leaf: leaf.sharding, full_state.spikes)))
+    return state, self._checked_position(step, restored['data'])
 
   def _checked_position(self, step: int, data) -> dict:
     """The data position saved with `step`: {'processes': [each process's pipeline state, a dict

@@ -2,12 +2,14 @@
 
 `train(config, workdir)` is the whole run, written as a handful of small functions. Nothing in
 the loop waits on the device except at log, eval and save points: metrics stay on device until
-a log interval ends, the NaN check is a device-side flag read at those points, and the next two
-batches are already on the devices while a step runs (`DeviceBatches`).
+a log interval ends, the spike check (t5lite/train/spikes.py) is a device-side mark read at
+those points, and the next two batches are already on the devices while a step runs
+(`DeviceBatches`).
 """
 
 import collections
 import contextlib
+import functools
 import json
 import time
 from typing import Callable, NamedTuple
@@ -30,11 +32,12 @@ from t5lite.train import flops as flops_lib
 from t5lite.train import metrics as metrics_lib
 from t5lite.train import preemption
 from t5lite.train import run as run_lib
+from t5lite.train import spikes as spikes_lib
 from t5lite.train import state as state_lib
 
 # What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
 WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,
-                 metrics_lib.TENSORBOARD_FOLDER: True}
+                 metrics_lib.TENSORBOARD_FOLDER: True, batches_lib.SKIPPED_FILE: False}
 
 
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -136,12 +139,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       reader.close()
       return {'step': latest, 'finished': True}
   history = metrics_lib.read_history(workdir)
+  rollbacks = batches_lib.read_skipped(workdir)
   # measures the CPU's matmul rate: outside the mesh
   rates = throughput_rates(config, run.model_cfg, None if teacher is None else teacher.cfg)
   with run.sharding():
     state, data_start = initial_state(run, reader, latest, init_params)
     reader.close()
-    batches = checked_batches(config, inputs, data_start, run.batch_sharding)
+    open_batches = functools.partial(device_batches, inputs.train, run.batch_sharding)
+    batches = checked_batches(config, inputs, open_batches(
+        data_start, batches_lib.skipped_ranges(rollbacks)))
     loss = run.loss(teacher, exact_match=inputs.exact_match)
     train_step, speed = compiled_train_step(run, loss, state, batches.peek(), rates)
     eval_step = run.jit_eval_step(loss)
@@ -158,9 +164,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
     with lock_workdir(workdir, command):
       record_config(workdir, config)
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+      responder = spikes_lib.Responder(config, workdir, rollbacks, checkpointer,
+                                       run.spec.abstract, open_batches)
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-                         speed, history)
+                         speed, history, responder)
       finally:
         checkpointer.wait()
         checkpointer.close()
@@ -215,10 +223,17 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
 
 
-def checked_batches(config, inputs: Inputs, start, sharding: NamedSharding) -> 'DeviceBatches':
-  """The training batches from `start`, their first one already made, and with evaluation on, a
-  held-out batch made too: data that cannot be read fails here, before the workdir is written."""
-  batches = DeviceBatches(inputs.train(start), sharding)
+def device_batches(train_batches: Callable, sharding: NamedSharding, start,
+                   ranges: list[tuple[int, int]]) -> 'DeviceBatches':
+  """The training batches from `start` (`Inputs.train`'s), laid out on the devices, past the
+  ranges of batch numbers that rollbacks dropped."""
+  return DeviceBatches(batches_lib.SkippingBatches(train_batches, start, ranges) if ranges
+                       else train_batches(start), sharding)
+
+
+def checked_batches(config, inputs: Inputs, batches: 'DeviceBatches') -> 'DeviceBatches':
+  """The training batches, their first one already made, and with evaluation on, a held-out
+  batch made too: data that cannot be read fails here, before the workdir is written."""
   batches.peek()
   if config.train.eval_every:
     next(inputs.held_out()[0])
@@ -259,8 +274,10 @@ def throughput_rates(config, model_cfg, teacher_cfg=None) -> tuple[float, float]
 
 
 def run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
-              speed: Speed, history: metrics_lib.History) -> dict:
-  """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on NaN.
+              speed: Speed, history: metrics_lib.History,
+              responder: spikes_lib.Responder) -> dict:
+  """The step loop proper: step, log, evaluate, save; stop at the end, on SIGTERM or on a spike
+  (or roll back from it: `responder`, which reads the step's mark where the host waits anyway).
 
   `batches` are the training pipeline's `DeviceBatches` (their `state()` is saved),
   `train_step(state, batch)` returns the next state and its metrics, and
@@ -271,28 +288,36 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
   start = int(state.step)
   writer = metrics_lib.MetricWriter(workdir, start, history)
   preempted = preemption.Preempted(start)
-  nonfinite = jnp.zeros((), jnp.bool_)
-  pending, last, step, previous_loss = [], {}, start, None
+  pending, last, step, previous_loss, batch_of_step = [], {}, start, None, {}
   try:
     writer.write(start, {'compile_seconds': speed.compile_seconds})
     tic = time.perf_counter()
     while step < train_cfg.steps:
       state, metrics = train_step(state, next(batches))
       step += 1
+      batch_of_step[step] = batches.state()['batch'] - 1
       # Wait for the step before, this one queued behind it: the chips stay busy, and the host,
       # never more than a step ahead, sees a SIGTERM within two steps. Running further ahead, it
       # would see it only when it next waited, at the log line: up to log_every steps late.
       jax.block_until_ready(previous_loss)
       previous_loss = metrics['loss']
-      nonfinite = nonfinite | ~jnp.isfinite(metrics['loss'])
       pending.append(metrics)
       done, stop = step == train_cfg.steps, preempted(step)
-      if step % train_cfg.log_every == 0 or done or stop:
-        check_finite(nonfinite, step, checkpointer)
+      log = step % train_cfg.log_every == 0 or done or stop
+      if log or step % config.checkpoint.every_steps == 0:
+        rolled_back = responder.act(state, batch_of_step)
+        batch_of_step = {}
+        if rolled_back:
+          state, batches, step, record = rolled_back
+          report_rollback(writer, record)
+          pending, tic = [], time.perf_counter()
+          continue
+      if log:
         seconds = (time.perf_counter() - tic) / len(pending)
         last = mean_metrics(pending, components)
         last.update(tokens_per_s=speed.tokens_per_step / seconds, step_seconds=seconds,
-                    mfu=speed.peak_fraction_per_second / seconds, **device_memory())
+                    mfu=speed.peak_fraction_per_second / seconds, **device_memory(),
+                    **skipped_steps(train_cfg, state))
         if train_cfg.eval_every and (step % train_cfg.eval_every == 0 or done):
           last.update(evaluator(step, state))
         writer.write(step, last)
@@ -300,7 +325,6 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
           print(metrics_lib.console_line(step, train_cfg.steps, last, seconds), flush=True)
         pending, tic = [], time.perf_counter()
       if step % config.checkpoint.every_steps == 0 or done or stop:
-        check_finite(nonfinite, step, checkpointer)
         checkpointer.save(step, state, all_data_positions(batches), config.to_dict())
       if stop:
         logging.warning('preempted: saved step %d, exiting', step)
@@ -309,6 +333,23 @@ def run_steps(config, workdir, state, batches, train_step, evaluator, checkpoint
     preempted.restore()
     writer.close()
   return dict(last, step=step, finished=step >= train_cfg.steps)
+
+
+def skipped_steps(train_cfg, state) -> dict:
+  """{'skipped_steps': the run's steps whose update a spike withheld} under policy `skip`."""
+  if train_cfg.spikes.policy != 'skip':
+    return {}
+  return {'skipped_steps': int(state.spikes.skipped)}
+
+
+def report_rollback(writer: metrics_lib.MetricWriter, record: dict) -> None:
+  """One console line and a metrics row (metrics.jsonl, TensorBoard) at the spike's step."""
+  first, end = record['batches']
+  writer.write(record['step'], {'rollback_to_step': record['checkpoint'],
+                                'skipped_batches_first': first, 'skipped_batches_end': end})
+  if jax.process_index() == 0:
+    print(f'rollback: {spikes_lib.describe(record)}; back to step {record["checkpoint"]}, '
+          f'batches {first} to {end - 1} skipped', flush=True)
 
 
 def device_memory() -> dict:
@@ -368,14 +409,6 @@ def all_data_positions(batches) -> dict:
 
 
 POSITION_BYTES = 8192  # a mixture's position names its components
-
-
-def check_finite(nonfinite, step: int, checkpointer) -> None:
-  if bool(nonfinite):
-    latest = checkpointer.latest_step()
-    raise FloatingPointError(
-        f'loss became NaN or Inf at or before step {step}; nothing was saved after it '
-        f'(latest checkpoint: {latest}). Lower optim.learning_rate or check the data')
 
 
 def mean_metrics(metrics: list[dict], components: tuple[str, ...] = ()) -> dict:

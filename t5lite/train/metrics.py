@@ -106,6 +106,8 @@ def console_line(step: int, total_steps: int, scalars: dict, seconds_per_step: f
               f'lr {scalars["learning_rate"]:.1e}', f'{scalars["tokens_per_s"] / 1e3:.1f}k tok/s',
               f'MFU {100 * scalars["mfu"]:.1f}%',
               f'ETA {format_duration((total_steps - step) * seconds_per_step)}']
+  if scalars.get('skipped_steps'):  # policy skip: updates a spike withheld, over the run
+    parts.append(f'skipped {int(scalars["skipped_steps"])}')
   # a mixture's eval_loss/NAME, .. stay in metrics.jsonl and TensorBoard: one line stays short
   parts += [f'{name} {value:.4f}' for name, value in scalars.items()
             if name.startswith('eval_') and '/' not in name]

@@ -26,6 +26,7 @@ from t5lite.objectives import distillation
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import optim
+from t5lite.train import spikes
 from t5lite.train import state as state_lib
 from t5lite.train import step as step_lib
 
@@ -128,6 +129,7 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   reads_text=False for a run fed no tokenized text (`t5lite plan`, synthetic batches): its
   vocabulary is not loaded to check that its ids fit the model."""
   config_lib.validate(config)
+  spikes.check_settings(config)
   model_cfg = config_lib.model_config(config)
   if reads_text:
     check_vocabulary(vocabulary.load_vocabulary(config.data.vocabulary), model_cfg,

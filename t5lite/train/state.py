@@ -20,6 +20,7 @@ from t5lite.models.config import ModelConfig
 from t5lite.models.params import flatten
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import optim
+from t5lite.train import spikes as spikes_lib
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -27,6 +28,7 @@ class TrainState(flax.struct.PyTreeNode):
   params: Any  # nnx.State of float32 parameters
   opt_state: Any
   rng: jax.Array  # base key; step k uses fold_in(rng, k), so a resumed run draws the same numbers
+  spikes: spikes_lib.SpikeStats  # the loss's running statistics: a resume goes on with them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,8 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
   def init() -> TrainState:
     _, params, _ = _split(model_cfg, seed)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params), rng=jax.random.PRNGKey(seed))
+                      opt_state=optimizer.init(params), rng=jax.random.PRNGKey(seed),
+                      spikes=spikes_lib.init_stats())
 
   abstract_model = _abstract_model(model_cfg, seed)
   graphdef, _, _ = nnx.split(abstract_model, nnx.Param, ...)
@@ -69,6 +72,7 @@ def state_spec(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
       axes, mesh, rules, shapes=nnx.state(abstract_model, nnx.Param))
   shardings = TrainState(
       step=replicated, params=param_shardings, rng=replicated,
+      spikes=jax.tree.map(lambda _: replicated, spikes_lib.init_stats()),
       opt_state=opt_state_shardings(optimizer, abstract.params, param_shardings,
                                     abstract.opt_state, replicated, axes))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -96,7 +100,8 @@ def from_params(spec: StateSpec, optimizer: optax.GradientTransformation, params
   params = jax.device_put(params, spec.shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=spec.shardings.opt_state)(params)
   return jax.device_put(TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                   opt_state=opt_state, rng=jax.random.PRNGKey(seed)),
+                                   opt_state=opt_state, rng=jax.random.PRNGKey(seed),
+                                   spikes=spikes_lib.init_stats()),
                         spec.shardings)
 
 

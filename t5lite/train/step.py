@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from t5lite.objectives import base
+from t5lite.train import spikes
 from t5lite.train.state import TrainState
 
 
@@ -68,7 +69,15 @@ def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.Grad
     metrics = loss.metrics(sums)
     metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['learning_rate'] = schedule(state.step)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    spike_stats, withheld, spike_metrics = spikes.observe(
+        state.spikes, state.step + 1, metrics['loss'], metrics['grad_norm'], train_cfg.spikes)
+    if train_cfg.spikes.policy != 'off':
+      metrics.update(spike_metrics)
+    if train_cfg.spikes.policy == 'skip':  # a spike leaves params and optimizer state as they were
+      params, opt_state = jax.tree.map(lambda old, new: jnp.where(withheld, old, new),
+                                       (state.params, state.opt_state), (params, opt_state))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         spikes=spike_stats), metrics
 
   return train_step
 

@@ -1,0 +1,243 @@
+"""Loss spikes (t5lite/train/spikes.py): the moving statistics, each policy on a spike made on
+purpose, exact resume around a rollback, and settings refused before anything is written.
+
+The spike is real: the test's one seam replaces `batches.make_batches` with a wrapper whose
+training batch number POISONED has every target token replaced by one rare id, which the model
+predicts badly; each run sees it at the step that reads that batch."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from t5lite import cli
+from t5lite import config as config_lib
+from t5lite.inputs import batches as batches_lib
+from t5lite.train import spikes
+from tests.train.test_loop import metrics, saved_params, train
+
+POISONED = 6  # read by step 7
+RARE_ID = 4000
+SPIKES = ['--config.train.spikes.window=3']
+
+
+class Poisoned:
+  """The training batches, batch number POISONED's targets all RARE_ID; `read` lists the batch
+  numbers handed out; `stop_at` raises KeyboardInterrupt (a kill, nothing saved) there."""
+
+  def __init__(self, batches, read: list, stop_at: int | None):
+    self._batches, self._read, self._stop_at = batches, read, stop_at
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    number = self._batches.state()['batch']
+    if number == self._stop_at:
+      raise KeyboardInterrupt
+    batch = next(self._batches)
+    self._read.append(number)
+    if number == POISONED:
+      weights = batch['decoder_loss_weights']
+      batch = dict(batch, decoder_target_tokens=np.where(weights > 0, RARE_ID, 0).astype(np.int32))
+    return batch
+
+  def state(self):
+    return self._batches.state()
+
+  def close(self):
+    self._batches.close()
+
+
+@pytest.fixture
+def poison(monkeypatch):
+  """Makes the training batches `Poisoned`; returns the batch numbers read, and a setter of the
+  batch to stop at."""
+  real, read, stop_at = batches_lib.make_batches, [], [None]
+
+  def make_batches(data, split='train', **kwargs):
+    batches = real(data, split, **kwargs)
+    return Poisoned(batches, read, stop_at[0]) if split == 'train' else batches
+  monkeypatch.setattr(batches_lib, 'make_batches', make_batches)
+  return read, stop_at
+
+
+def config_of(**values) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(dict(
+      policy='stop', window=3, threshold=4.0, skip_limit=5, skip_window=1000), **values))
+
+
+def test_the_statistics_are_the_plain_mean_and_variance_then_a_moving_one_and_a_spike_stays_out():
+  losses = [5.0, 4.0, 6.0, 5.5, 50.0, 5.0]
+  stats, found = spikes.init_stats(), []
+  for step, loss in enumerate(losses, 1):
+    stats, _, step_metrics = spikes.observe(stats, step, jnp.float32(loss), jnp.float32(1.0),
+                                            config_of())
+    found.append(float(step_metrics['spike']))
+    if step == 3:  # the first `window` values: their mean and (population) variance
+      np.testing.assert_allclose([stats.loss_mean, stats.loss_var], [5.0, 2 / 3], rtol=1e-6)
+      assert float(step_metrics['loss_z']) == 0  # no decision before `window` steps
+  assert found == [0, 0, 0, 0, 1, 0]
+  # 5.5 and 5.0 entered with weight 1/window each (the mean after 5.5: 5 + 0.5/3); 50 never
+  np.testing.assert_allclose(float(stats.loss_mean), (5.0 + 0.5 / 3) * 2 / 3 + 5.0 / 3, rtol=1e-6)
+  assert int(stats.seen) == 5 and int(stats.action_step) == 5
+  np.testing.assert_allclose(float(stats.action_loss), 50.0)
+
+
+def test_every_statistic_is_its_own_array_as_a_donated_train_state_needs():
+  # two leaves of one buffer, donated twice, crashed XLA:CPU (a fine-tuning run's from_params)
+  leaves = jax.tree.leaves(spikes.init_stats())
+  assert len({id(leaf) for leaf in leaves}) == len(leaves) == 13
+
+
+def test_skip_withholds_updates_and_escalates_past_its_limit():
+  stats, withheld = spikes.init_stats(), []
+  for step, loss in enumerate([5.0, 4.0, 6.0, 60.0, 5.0, 70.0, 80.0], 1):
+    stats, held, _ = spikes.observe(stats, step, jnp.float32(loss), jnp.float32(1.0),
+                                    config_of(policy='skip', skip_limit=2))
+    withheld.append(bool(held))
+  assert withheld == [False, False, False, True, False, True, True]
+  assert int(stats.skipped) == 2 and int(stats.action_step) == 7  # the third spike rolls back
+
+
+def test_skipping_batches_jump_over_the_ranges_and_report_the_position():
+  class Counting:
+    def __init__(self, start):
+      self.k = batches_lib.own_position(start, 0)['batch']
+
+    def __next__(self):
+      self.k += 1
+      return self.k - 1
+
+    def state(self):
+      return {'batch': self.k}
+
+    def close(self):
+      pass
+
+  batches = batches_lib.SkippingBatches(Counting, 0, [(2, 5), (5, 7), (9, 10)])
+  assert [next(batches) for _ in range(5)] == [0, 1, 7, 8, 10]
+  assert batches.state() == {'batch': 11}
+  assert next(batches_lib.SkippingBatches(Counting, {'batch': 3}, [(2, 5)])) == 5
+
+
+def spiking_run(workdir, policy: str, *flags) -> int:
+  return train(workdir, f'--config.train.spikes.policy={policy}', *SPIKES, *flags)
+
+
+@pytest.mark.slow  # a run of 7 steps, compiled: 25 s on 2 shared cores (4 s once compiled)
+def test_stop_names_the_step_and_saves_nothing_after_it(tmp_path, capsys, poison):
+  assert spiking_run(tmp_path, 'stop', '--config.train.steps=10',
+                     '--config.checkpoint.every_steps=4') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and 'loss spike at step 7: loss ' in error[0], error
+  assert 'latest checkpoint: 4' in error[0]
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
+
+
+@pytest.mark.slow  # two runs of 8 steps: 34 s on 2 shared cores (66-120 s beside other jobs)
+def test_skip_leaves_the_params_as_before_the_step_and_a_healthy_run_unchanged(tmp_path, poison):
+  flags = ['--config.train.steps=8', '--config.checkpoint.every_steps=1',
+           '--config.checkpoint.keep=10']
+  assert spiking_run(tmp_path / 'skip', 'skip', *flags) == 0
+  rows = metrics(tmp_path / 'skip')
+  assert [rows[step]['spike'] for step in range(1, 9)] == [0, 0, 0, 0, 0, 0, 1, 0]
+  assert rows[7]['skipped_steps'] == rows[8]['skipped_steps'] == 1
+  assert rows[7]['grad_norm_z'] > 8  # the threshold; 38 on 2026-11-28 (the loss's z: 0.03)
+  before, after = saved_params(tmp_path / 'skip', 6), saved_params(tmp_path / 'skip', 7)
+  for name in before:
+    np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+  assert any(not np.array_equal(after[name], value)
+             for name, value in saved_params(tmp_path / 'skip', 8).items())
+  # the same run with spikes off: bit for bit the same losses up to the spike
+  assert spiking_run(tmp_path / 'off', 'off', *flags) == 0
+  off = metrics(tmp_path / 'off')
+  assert [off[step]['loss'] for step in range(1, 8)] == [rows[step]['loss'] for step in range(1, 8)]
+  assert 'spike' not in off[1] and 'skipped_steps' not in off[1]
+
+
+@pytest.mark.slow  # a rollback, the same run killed and resumed: 37 s on 2 shared cores
+def test_rollback_skips_the_batches_and_a_killed_run_resumes_them_exactly(tmp_path, poison,
+                                                                          capsys):
+  read, stop_at = poison
+  flags = ['--config.train.steps=10', '--config.checkpoint.every_steps=4',
+           '--config.train.spikes.rollback_skip_after=2']
+  assert spiking_run(tmp_path / 'straight', 'rollback', *flags) == 0
+  assert 'rollback: loss spike at step 7: loss ' in capsys.readouterr().out
+  with open(tmp_path / 'straight' / batches_lib.SKIPPED_FILE, encoding='utf-8') as f:
+    (record,) = json.load(f)['rollbacks']
+  # back to checkpoint 4 (batches 0-3 read); batches 4 up to the spike's 6, and 2 more, dropped
+  assert (record['step'], record['checkpoint'], record['batches']) == (7, 4, [4, 9])
+  with open(tmp_path / 'straight' / 'checkpoints' / '10' / 'data' / 'metadata',
+            encoding='utf-8') as f:
+    assert json.load(f)['processes'][0]['batch'] == 15  # steps 5-10 read batches 9-14
+  # read ahead before the rollback: 7; after it, from 9 on
+  assert read[read.index(POISONED) + 1:][:7] == [7, 9, 10, 11, 12, 13, 14]
+  straight = metrics(tmp_path / 'straight')
+  # `t5lite data` sees the same history: the batches of steps 1-6 are 0-3, then 9 and 10
+  assert cli.main(['data', f'--workdir={tmp_path / "straight"}', '--num_batches=6',
+                   f'--out={tmp_path / "read.npz"}']) == 0
+  batches_lib.write_batches(config_lib.from_workdir(str(tmp_path / 'straight')), 11,
+                            str(tmp_path / 'all.npz'))  # none skipped
+  with np.load(tmp_path / 'read.npz') as read_by_steps, np.load(tmp_path / 'all.npz') as every:
+    for name in every:
+      np.testing.assert_array_equal(read_by_steps[name], every[name][[0, 1, 2, 3, 9, 10]])
+
+  del read[:]
+  stop_at[0] = 11  # killed at step 6 of the run after its rollback, nothing saved since step 4
+  assert spiking_run(tmp_path / 'resumed', 'rollback', *flags) == 130
+  assert sorted(os.listdir(tmp_path / 'resumed' / 'checkpoints')) == ['4']
+  stop_at[0] = None
+  assert spiking_run(tmp_path / 'resumed', 'rollback', *flags) == 0
+  resumed = metrics(tmp_path / 'resumed')
+  assert [resumed[step]['loss'] for step in range(1, 11)] == [
+      straight[step]['loss'] for step in range(1, 11)]
+  for name, value in saved_params(tmp_path / 'straight', 10).items():
+    np.testing.assert_array_equal(value, saved_params(tmp_path / 'resumed', 10)[name])
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--config.train.spikes.window=-1'], 'config.train.spikes.window=-1 must be at least 1'),
+    (['--config.train.spikes.threshold=0'], 'config.train.spikes.threshold=0.0 must be positive'),
+    (['--config.train.spikes.policy=retry'], "policy='retry' is not one of off, stop, skip"),
+    (['--config.train.spikes.policy=rollback', '--config.checkpoint.every_steps=10'],
+     "policy='rollback' goes back to a checkpoint, but config.checkpoint.every_steps=10"),
+    (['--config.train.spikes.max_rollbacks=0'],
+     'config.train.spikes.max_rollbacks=0 must be at least 1'),
+])
+def test_bad_spike_settings_are_one_line_and_write_nothing(tmp_path, capsys, flags, message):
+  workdir = tmp_path / 'run'
+  assert train(workdir, '--config.train.steps=10', *flags) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0], error
+  assert not workdir.exists()
+
+
+@pytest.mark.slow  # a run of 7 steps: 4 s after another test compiled its step, 25 s alone
+def test_a_rollback_with_no_checkpoint_before_the_spike_stops_in_one_line(tmp_path, capsys,
+                                                                          poison):
+  assert spiking_run(tmp_path, 'rollback', '--config.train.steps=10',
+                     '--config.checkpoint.every_steps=8') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and 'loss spike at step 7' in error[0], error
+  assert 'no checkpoint before it to roll back to' in error[0]
+  assert not os.listdir(tmp_path / 'checkpoints')
+
+
+@pytest.mark.parametrize('text, message', [
+    ('{"rollbacks": [{"batches": [5]}]}', 'rollbacks[0]: batches must be [first, end]'),
+    ('{"rollbacks": 3}', 'rollbacks'),
+    ('[1, 2', 'skipped_batches.json'),
+])
+def test_a_damaged_record_of_skipped_batches_is_one_line_and_changes_nothing(tmp_path, capsys,
+                                                                            text, message):
+  (tmp_path / batches_lib.SKIPPED_FILE).write_text(text, encoding='utf-8')
+  assert train(tmp_path, '--config.train.steps=10') == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0] and batches_lib.SKIPPED_FILE in error[0], error
+  assert os.listdir(tmp_path) == [batches_lib.SKIPPED_FILE]
+  assert (tmp_path / batches_lib.SKIPPED_FILE).read_text(encoding='utf-8') == text
