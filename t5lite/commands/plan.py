@@ -395,18 +395,28 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
                                        loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
   result['network'] = network(model_cfg, config, run, topo, expected)
-  if devices is not None:
-    compiled = compile_train_step(run, loss, batch)
-    result['compiled'] = compiled_memory(compiled)
-    result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
-    slice_of = slice_of_devices(topo, devices)
-    result['network']['hlo'] = traffic_lib.hlo_bytes(
-        compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
-  result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
-  hbm = result['hbm_per_device']
-  result['fits'] = None if hbm is None else result['memory_per_device'] <= hbm
   scan_without_remat = model_cfg.scan_layers and model_cfg.remat_policy == 'none'
   result['notes'] = [SCAN_WITHOUT_REMAT] if scan_without_remat else []
+  out_of_memory = False
+  if devices is not None:
+    try:
+      compiled = compile_train_step(run, loss, batch)
+    except jax.errors.JaxRuntimeError as error:  # the compiler's own verdict: it cannot fit
+      if 'RESOURCE_EXHAUSTED' not in str(error):
+        raise
+      out_of_memory = True
+      result['notes'].append('XLA could not fit the step: '
+                             + str(error).strip().splitlines()[0].split(': ', 1)[-1])
+    else:
+      result['compiled'] = compiled_memory(compiled)
+      result['xla_flops_per_device'] = compiled.cost_analysis().get('flops')
+      slice_of = slice_of_devices(topo, devices)
+      result['network']['hlo'] = traffic_lib.hlo_bytes(
+          compiled.as_text(), [slice_of(device) for device in run.mesh.devices.flat])
+  result['memory_per_device'] = (result['compiled'] or result['analytic'])['total']
+  hbm = result['hbm_per_device']
+  result['fits'] = None if hbm is None else (
+      not out_of_memory and result['memory_per_device'] <= hbm)
   return result
 
 

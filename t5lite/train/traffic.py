@@ -88,8 +88,16 @@ IOTA_GROUPS = re.compile(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\
 LISTED_GROUPS = re.compile(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}')
 MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
 COMPUTATION = re.compile(r'^(ENTRY )?%(\S+) .*\{$')
-WHILE_BODY = re.compile(r' while\(.*\bbody=%([^,\s]+)')
+WHILE_LOOP = re.compile(r' while\(.*\bcondition=%([^,\s]+), body=%([^,\s]+)')
 TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+BOUND = re.compile(r'\bs32\[\]\S* constant\((\d+)\)')  # a loop condition's `i < N`
+# libtpu compiles a multi-slice step as one slice's program: its collectives stay in the slice,
+# and what crosses the slices goes through the Megascale runtime as host-transfer sends, each of
+# the device's share of one DCN collective
+MEGASCALE_SEND = re.compile(r'^\s*\S+ = \((?P<type>.*?), u32\[\], token\[\]\) send\(.*'
+                            r'_xla_megascale_transfer_type="(?P<kind>\w+)"')
+MEGASCALE_RING = {'ALL_REDUCE': all_reduce, 'REDUCE_SCATTER': all_gather,
+                  'ALL_GATHER': lambda nbytes, members: all_gather(nbytes * members, members)}
 
 
 def array_bytes(text: str) -> list[int]:
@@ -125,16 +133,22 @@ def replica_groups(line: str, num_devices: int) -> np.ndarray:
 
 
 def runs_per_step(hlo_text: str) -> dict[str, int]:
-  """How often each computation of an HLO module runs in a step: the product of the known trip
-  counts of the while loops around it (a scanned layer stack: its layers), 1 outside loops."""
-  loops, entry, current = {}, None, None
+  """How often each computation of an HLO module runs in a step: the product of the trip counts
+  of the while loops around it (a scanned layer stack: its layers), 1 outside loops. A loop's
+  count is XLA's known_trip_count (CPU), or the bound its condition compares with (libtpu
+  prints no count: `i < 24`)."""
+  loops, entry, current, bounds = {}, None, None, {}
   for line in hlo_text.splitlines():
     if match := COMPUTATION.match(line):
       current = match[2]
       entry = current if match[1] else entry
-    elif match := WHILE_BODY.search(line):
+    elif match := BOUND.search(line):
+      bounds.setdefault(current, int(match[1]))
+    if match := WHILE_LOOP.search(line):
       trips = TRIP_COUNT.search(line)
-      loops.setdefault(current, []).append((match[1], int(trips[1]) if trips else 1))
+      loops.setdefault(current, []).append((match[2], int(trips[1]) if trips else match[1]))
+  loops = {name: [(body, trips if isinstance(trips, int) else bounds.get(trips, 1))
+                  for body, trips in bodies] for name, bodies in loops.items()}
   runs, todo = {}, [(entry, 1)]
   while todo:
     name, count = todo.pop()
@@ -151,14 +165,24 @@ def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]
   A collective among m devices of n slices runs as XLA's hierarchical collectives do: a ring
   among the group's m/n devices of each slice over ICI, and n/m of the ring share among the n
   slices per device over DCN (an all-to-all sends (n-1)/n of its bytes across). A collective
-  inside a loop counts once per iteration (`runs_per_step`).
+  inside a loop counts once per iteration (`runs_per_step`). A TPU program of one slice of
+  several (libtpu's, with Megascale sends) counts its collectives inside its slice and each send
+  as its device's share of a ring collective among the slices.
   """
   slices = np.asarray(slice_of_device)
+  num_slices = len(np.unique(slices))
+  if '_xla_megascale_transfer_type' in hlo_text:
+    slices = np.zeros(len(slices) // num_slices, np.int64)  # the program's devices: one slice
   runs, current = runs_per_step(hlo_text), None
   totals = {'dcn': 0.0, 'ici': 0.0}
   for line in hlo_text.splitlines():
     if computation := COMPUTATION.match(line):
       current = computation[2]
+    if send := MEGASCALE_SEND.search(line):
+      ring = MEGASCALE_RING.get(send['kind'], lambda nbytes, _: nbytes)
+      totals['dcn'] += (ring(sum(array_bytes(send['type'])), num_slices) * runs.get(current, 1)
+                        * len(slices))
+      continue
     match = COLLECTIVE.search(line)
     if not match:
       continue

@@ -9,6 +9,7 @@ count is the same.
 import functools
 import importlib.util
 
+import jax
 import pytest
 
 from t5lite import config as config_lib
@@ -273,6 +274,37 @@ def test_dcn_bytes_of_the_compiled_step_match_the_gradients_all_reduce(scan):
   net = result['network']
   assert net['dcn_per_device'] == net['param_bytes'] / 4
   assert net['hlo']['dcn'] == pytest.approx(net['dcn_per_device'], rel=0.001)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='libtpu is not installed (the tpu extra)')
+def test_two_tpu_slices_compile_ahead_of_time_and_all_reduce_the_gradients_over_dcn():
+  """The real step compiled by libtpu for 2 v5e slices of 4 chips (num_slices=2): its collectives
+  that cross the slices carry the analytic all-reduce of the gradients, within 5%."""
+  result = plan_lib.plan(load('gpt2_small', *TINY_GPT), '2xv5e-4')
+  net = result['network']
+  assert result['device_kind'] == 'TPU v5 lite' and result['compiled']['code'] > 0
+  assert net['dcn_per_device'] == net['param_bytes'] / 4
+  assert net['hlo']['dcn'] == pytest.approx(net['dcn_per_device'], rel=0.05)
+
+
+def test_a_step_the_compiler_cannot_fit_is_a_plan_that_says_so(monkeypatch):
+  """libtpu refuses to compile a step past its HBM (t5_1_1_xl at 1,024 rows on 2xv5e-256:
+  'RESOURCE_EXHAUSTED: Ran out of memory on HBM, ...'): the plan gives the analytic estimate and
+  the compiler's line, not a traceback."""
+  def out_of_memory(*_):
+    raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total '
+                                     'memory required for HLO temporaries (24.14G) exceeds '
+                                     'available HBM (15.75G).')
+  monkeypatch.setattr(plan_lib, 'compile_train_step', out_of_memory)
+  result = plan_lib.plan(load('t5_tiny'), 'cpu:8')
+  assert result['compiled'] is None
+  assert result['memory_per_device'] == result['analytic']['total']
+  assert result['notes'] == ['XLA could not fit the step: Ran out of memory on HBM, the total '
+                             'memory required for HLO temporaries (24.14G) exceeds available HBM '
+                             '(15.75G).']
+  assert 'note: XLA could not fit the step' in plan_lib.format_plan(result)
 
 
 def test_a_tied_embedding_is_all_reduced_once_per_use():

@@ -64,3 +64,42 @@ def test_a_collective_in_nested_loops_counts_once_per_iteration():
   slices: 7 x 2 * 1/2 * 400 over DCN per device."""
   assert traffic.runs_per_step(HLO_LOOPS) == {'main': 1, 'outer': 2, 'inner': 6}
   assert traffic.hlo_bytes(HLO_LOOPS, [0, 1]) == {'dcn': 7 * 400, 'ici': 0}
+
+
+# libtpu's program of one slice of 2 (4 devices each): a gradient all-reduced in the slice, then
+# its shard (1/4) sent through Megascale to be all-reduced across the slices, as libtpu 0.0.42
+# compiles a data-parallel step for 2xv5e-4 (the attributes cut short)
+HLO_MEGASCALE = """\
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %r = f32[200]{0} all-reduce(%g), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true
+  %send = (f32[50]{0}, u32[], token[]) send(%s, %t), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_reduce_operation="SUM",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[50]{0}, u32[], token[]) recv(%t), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+}
+"""
+
+
+def test_a_tpu_slices_program_counts_its_megascale_sends_over_dcn():
+  """Per device: the slice's all-reduce of 800 bytes among its 4 devices over ICI (2 * 3/4 *
+  800), and the 200 bytes it sends over DCN all-reduced among 2 slices (2 * 1/2 * 200); the
+  receive is not counted again."""
+  assert traffic.hlo_bytes(HLO_MEGASCALE, [0] * 4 + [1] * 4) == {'dcn': 200, 'ici': 1200}
+
+
+HLO_BOUNDED_LOOP = """\
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %a = f32[100]{0} all-reduce(%x), replica_groups={{0,1}}
+}
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %constant.9 = s32[]{:T(128)} constant(24)
+  ROOT %lt = pred[]{:T(512)} compare(%i, %constant.9), direction=LT
+}
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %w = (s32[], f32[4]) while(%t), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_loop_without_a_known_trip_count_runs_as_often_as_its_condition_bounds():
+  """libtpu prints no known_trip_count: a scanned stack's loop runs while i < 24."""
+  assert traffic.runs_per_step(HLO_BOUNDED_LOOP) == {'main': 1, 'body': 24}
+  assert traffic.hlo_bytes(HLO_BOUNDED_LOOP, [0, 1]) == {'dcn': 24 * 400, 'ici': 0}
