@@ -14,11 +14,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from launch.local import launch_local
 from t5lite import cli
 from t5lite import config as config_lib
 from t5lite.inputs import batches as batches_lib
 from t5lite.train import spikes
-from tests.train.test_loop import metrics, saved_params, train
+from tests.train.test_loop import ROOT, metrics, saved_params, train
 
 POISONED = 6  # read by step 7
 RARE_ID = 4000
@@ -241,3 +242,40 @@ def test_a_damaged_record_of_skipped_batches_is_one_line_and_changes_nothing(tmp
   assert len(error) == 1 and message in error[0] and batches_lib.SKIPPED_FILE in error[0], error
   assert os.listdir(tmp_path) == [batches_lib.SKIPPED_FILE]
   assert (tmp_path / batches_lib.SKIPPED_FILE).read_text(encoding='utf-8') == text
+
+
+# A learning rate that climbs to 1 in 20 steps (AdamW, linear warm-up) on a 1+1-layer t5_tiny of
+# width 64 and synthetic batches: from step 4 the gradient norm lies 7 to 64 deviations above its
+# moving mean (window 3) on most steps, some of them near the threshold of 6.
+DIVERGING = ['--config=' + os.path.join(ROOT, 'configs', 't5_tiny.py'),
+             '--config.model.d_model=64', '--config.model.d_ff=128', '--config.model.num_heads=2',
+             '--config.model.d_kv=32', '--config.model.num_encoder_layers=1',
+             '--config.model.num_decoder_layers=1', '--config.data.batch_size=8',
+             '--config.data.inputs_length=32', '--config.data.targets_length=8',
+             '--config.data.source=synthetic', '--config.train.steps=24',
+             '--config.train.log_every=1', '--config.train.eval_every=0',
+             '--config.checkpoint.every_steps=1000', '--config.optim.name=adamw',
+             '--config.optim.schedule=cosine', '--config.optim.learning_rate=1',
+             '--config.optim.warmup_steps=20', '--config.train.spikes.policy=skip',
+             '--config.train.spikes.window=3', '--config.train.spikes.threshold=6',
+             '--config.train.spikes.skip_limit=100']
+
+
+@pytest.mark.slow  # two runs of 24 steps, in 1 and 2 processes: 45 s on 2 cores
+def test_two_processes_skip_the_same_steps_as_one(tmp_path):
+  """The decision is taken on the global loss and gradient norm: one process of 4 devices and
+  two of 2 skip the same 11 steps, with the same losses, bit for bit."""
+  env = dict(JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'cache'),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  runs = {}
+  for processes, devices in ((1, 4), (2, 2)):
+    workdir = tmp_path / f'{processes}x{devices}'
+    assert launch_local([f'--workdir={workdir}', *DIVERGING], processes, devices, env=env,
+                        timeout=300) == 0
+    runs[processes] = [(row['step'], row['loss'], row['spike'], row['skipped_steps'])
+                       for row in metrics(workdir).values()]
+  assert runs[1] == runs[2]
+  assert [step for step, _, spike, _ in runs[1] if spike] == [4, 5, 6, 7, 8, 10, 11, 12, 13, 14,
+                                                             15]
+  assert runs[1][-1][3] == 11
