@@ -216,11 +216,17 @@ def _data_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config.data if 'data' in config else config
 
 
+def skipping(open_batches, start, ranges: list[tuple[int, int]]):
+  """`open_batches(start)`, past `ranges` of batch numbers if there are any (a run's
+  rollbacks'); without, the batches themselves, which check no range at each step."""
+  return SkippingBatches(open_batches, start, ranges) if ranges else open_batches(start)
+
+
 def training_batches(data: ml_collections.ConfigDict, skipped: list[tuple[int, int]] = ()):
   """One process's view of all the global training batches, the `skipped` ranges left out."""
   def open_batches(start):
     return make_batches(data, 'train', process_index=0, process_count=1, start=start)
-  return SkippingBatches(open_batches, 0, skipped) if skipped else open_batches(0)
+  return skipping(open_batches, 0, skipped)
 
 
 def write_batches(config: ml_collections.ConfigDict, num_batches: int, out_path: str,

@@ -227,8 +227,7 @@ def device_batches(train_batches: Callable, sharding: NamedSharding, start,
                    ranges: list[tuple[int, int]]) -> 'DeviceBatches':
   """The training batches from `start` (`Inputs.train`'s), laid out on the devices, past the
   ranges of batch numbers that rollbacks dropped."""
-  return DeviceBatches(batches_lib.SkippingBatches(train_batches, start, ranges) if ranges
-                       else train_batches(start), sharding)
+  return DeviceBatches(batches_lib.skipping(train_batches, start, ranges), sharding)
 
 
 def checked_batches(config, inputs: Inputs, batches: 'DeviceBatches') -> 'DeviceBatches':

@@ -25,8 +25,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 log = logging.getLogger(__name__)
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
-# The config key of each mesh axis' size across slices; tensor has none: it stays in a slice.
-DCN_AXES = {'data': 'dcn_data', 'fsdp': 'dcn_fsdp'}
 # Chips whose mesh may cut a physical torus axis in two, as jax.make_mesh allows for them.
 SPLIT_PHYSICAL_AXES_KINDS = ('TPU v5 lite', 'TPU v5e')
 
@@ -100,7 +98,7 @@ def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
                      'collectives run every layer); split over DCN with mesh.dcn_data or '
                      'mesh.dcn_fsdp')
   given = [int(mesh_cfg.get('dcn_data', -1)), int(mesh_cfg.get('dcn_fsdp', 1))]
-  described = ' '.join(f'mesh.{DCN_AXES[axis]}={n}' for axis, n in zip(MESH_AXES, given))
+  described = f'mesh.dcn_data={given[0]} mesh.dcn_fsdp={given[1]}'
   sizes = [*_with_the_rest(given, num_slices, described), 1]
   if math.prod(sizes) != num_slices:
     raise ValueError(f'{described} must multiply to the number of slices (nodes), and the '
