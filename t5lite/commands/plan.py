@@ -375,11 +375,12 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
   mesh or batch that cannot work raises ValueError with one line, before anything compiles.
   """
   topo = parse_topology(topology)
-  model_cfg = config_lib.model_config(config)
   devices = topology_devices(topo) if compile_step else None
+  run = run_lib.make_run(config, plan_mesh(config.mesh, topo, devices), reads_text=False,
+                         platform=topo.platform)
+  model_cfg = run.model_cfg  # its attention the kernel of the topology's chips
   expected = speed(model_cfg, config.data, topo, devices,
                    mfu or default_mfu(topo.platform, model_cfg.attention))
-  run = run_lib.make_run(config, plan_mesh(config.mesh, topo, devices), reads_text=False)
   result = {'topology': topo.name, 'platform': topo.platform, 'num_devices': topo.num_devices,
             'device_kind': topo.chip.device_kind if topo.chip else 'cpu',
             'hbm_per_device': topo.chip.hbm_gib * GiB if topo.chip else None,

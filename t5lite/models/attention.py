@@ -6,8 +6,12 @@ information enters as an additive bias (T5's relative bias) or as rotated q and 
 `cfg.attention` picks the kernel: 'xla' or 'cudnn' through `jax.nn.dot_product_attention`,
 'einsum', the plain formula, or 'flash' (models/flash_attention.py), which reads segment ids and
 T5's bias table instead of (q, k) arrays: for it a stack builds an `attention_layout` and a
-`BucketedBias` where the others get an `attention_mask` and a dense bias. They agree to float
-rounding. Decoding from a cache always takes the dense path ('xla' for 'flash').
+`BucketedBias` where the others get an `attention_mask` and a dense bias. Rows of one example
+each (no segment ids: pretraining's rows) need no (b, q, k) mask at all: for 'xla' and 'cudnn' a
+stack builds `padded_rows`, sequence lengths and a causal flag, and cuDNN keeps T5's bias at
+(1, heads, q, k), summing its gradient over the batch itself. They agree to float rounding.
+Decoding from a cache always takes the dense path ('xla' for 'flash'). 'auto' is resolved to a
+kernel by `kernel_for` once the devices are known.
 """
 
 import dataclasses
@@ -89,6 +93,41 @@ def attention_layout(query_length: int, key_valid: jax.Array | None = None, *,
   return AttentionLayout(query_ids, key_ids, prefix, causal)
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=['key_lengths'],
+                   meta_fields=['causal'])
+@dataclasses.dataclass(frozen=True)
+class PaddedRows:
+  """Who may attend to whom where each row is one example, padded at its end: each row's count
+  of real keys and a causal flag, what cuDNN takes in place of a mask (and XLA builds one from).
+  """
+  key_lengths: jax.Array | None  # (b,) int32; None: every key is real (a decoder's, causal)
+  causal: bool
+
+
+def padded_rows(query_length: int, key_valid: jax.Array | None = None, *,
+                query_segment_ids: jax.Array | None = None,
+                key_segment_ids: jax.Array | None = None, causal: bool = False,
+                prefix: jax.Array | None = None) -> PaddedRows:
+  """`attention_mask`'s arguments for rows of one example (no segment ids, no prefix) as
+  PaddedRows: key_valid [1, 1, 1, 0] is 3 keys. A row's keys are those up to its last valid one."""
+  del query_length  # every query of a row is the row's
+  if query_segment_ids is not None or key_segment_ids is not None or prefix is not None:
+    raise ValueError('padded rows are one example each: no segment ids, no prefix')
+  if key_valid is None:
+    return PaddedRows(None, causal)
+  positions = jnp.arange(1, key_valid.shape[1] + 1, dtype=jnp.int32)
+  return PaddedRows(jnp.max(jnp.where(key_valid, positions, 0), axis=1), causal)
+
+
+def kernel_for(attention: str, dtype: str, platform: str, platform_version: str = '') -> str:
+  """The kernel 'auto' means on `platform` (a jax platform: 'gpu', 'tpu', 'cpu'): cuDNN's fused
+  attention on NVIDIA GPUs in 16 bits (it takes no float32), else XLA's. Others are themselves."""
+  if attention != 'auto':
+    return attention
+  nvidia = platform == 'gpu' and 'rocm' not in platform_version.lower()
+  return 'cudnn' if nvidia and dtype in ('bfloat16', 'float16') else 'xla'
+
+
 def flash(query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
           bias: BucketedBias | None) -> jax.Array:
   """The flash kernel on each device's shard (batch and heads), as a kernel is not partitioned
@@ -120,14 +159,19 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                           implementation: str) -> jax.Array:
   """Unscaled softmax(q.k + bias) v over masked keys; softmax in float32.
 
-  query (b, q, h, d), key and value (b, k, h, d), mask (b|1, 1, q, k), bias (b|1, h, q, k)
-  -> (b, q, h, d); or an AttentionLayout and BucketedBias for the flash kernel. Fully masked
-  rows get uniform weights rather than NaN, as in XLA's kernel.
+  query (b, q, h, d), key and value (b, k, h, d), mask (b|1, 1, q, k) or PaddedRows, bias
+  (b|1, h, q, k) -> (b, q, h, d); or an AttentionLayout and BucketedBias for the flash kernel.
+  Fully masked rows get uniform weights rather than NaN, as in XLA's kernel.
   """
   if isinstance(mask, AttentionLayout):
     return flash(query, key, value, mask, bias)
   if implementation == 'flash':  # a dense mask: decoding from a cache
     implementation = 'xla'
+  if isinstance(mask, PaddedRows):
+    if implementation == 'einsum':
+      mask = _dense(mask, query.shape[1], key.shape[1])
+    else:
+      return _lengths_attention(query, key, value, mask, bias, implementation)
   mask = jnp.broadcast_to(mask, (mask.shape[0], 1, query.shape[1], key.shape[1]))  # (b|1, 1, q, k)
   if bias is not None:
     bias = bias.astype(query.dtype)  # T5X keeps the bias in the compute dtype too
@@ -143,6 +187,27 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
   # (b, h, q, k) x (b, k, h, d) -> (b, q, h, d)
   return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+
+
+def _lengths_attention(query, key, value, rows: PaddedRows, bias, implementation):
+  """XLA's or cuDNN's kernel on rows of one example: lengths and a causal flag for a mask, so
+  that cuDNN reads the (1, h, q, k) bias as it is and writes its gradient at that size. A row of
+  no real keys attends its first (cuDNN is not asked about zero keys; its output is never read)."""
+  lengths = rows.key_lengths
+  if lengths is not None and implementation == 'cudnn':
+    lengths = jnp.maximum(lengths, 1)
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=None if bias is None else bias.astype(query.dtype), scale=1.0,
+      is_causal=rows.causal, key_value_seq_lengths=lengths,
+      implementation=None if implementation == 'xla' else implementation)
+
+
+def _dense(rows: PaddedRows, query_length: int, key_length: int) -> jax.Array:
+  """PaddedRows as the (b|1, 1, q, k) boolean mask `attention_mask` makes."""
+  key_valid = None
+  if rows.key_lengths is not None:
+    key_valid = jnp.arange(key_length)[None, :] < rows.key_lengths[:, None]  # (b, k)
+  return attention_mask(query_length, key_valid, causal=rows.causal)
 
 
 class Attention(nnx.Module):
@@ -164,6 +229,9 @@ class Attention(nnx.Module):
     self.v = project_in(d**-0.5)
     self.o = Dense((h, kv), (d,), ('heads', 'kv', 'embed'), std=(h * kv)**-0.5, cfg=cfg,
                    rngs=rngs)
+    if cfg.attention == 'auto':
+      raise ValueError("model.attention='auto' names no kernel until the devices are known: "
+                       'resolve it with kernel_for (make_run does)')
     self.implementation = cfg.attention
 
   def keys_values(self, memory: jax.Array, positions: jax.Array | None = None

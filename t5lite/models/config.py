@@ -13,7 +13,7 @@ ACTIVATIONS = ('relu', 'gelu', 'gelu_erf', 'gated-gelu', 'gated-silu')
 NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
-ATTENTIONS = ('xla', 'cudnn', 'einsum', 'flash')
+ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
@@ -58,10 +58,13 @@ class ModelConfig:
   dropout: float = 0.0
   dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
   param_dtype: str = 'float32'
-  # xla | cudnn (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias
-  # computed in the kernel: models/flash_attention.py)
+  # auto (what a run's devices do fastest: cudnn on NVIDIA GPUs in bfloat16 or float16, else
+  # xla; resolved by `models.attention.kernel_for` when the devices are known) | xla | cudnn
+  # (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias computed in the
+  # kernel: models/flash_attention.py)
   attention: str = 'xla'
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
+  scan_unroll: int = 1  # layers per scanned loop iteration (fewer iterations, their slicing)
   remat_policy: str = 'none'  # none | full | save_dots
   # ELECTRA: the generator's heads and d_ff as a fraction of the discriminator's (the paper's
   # "generator size", 1/4 for small and large, 1/3 for base); same d_model and depth
@@ -88,7 +91,8 @@ class ModelConfig:
     choice('mlm_transform', MLM_TRANSFORMS)
     choice('dtype', DTYPES)
     choice('param_dtype', DTYPES)
-    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length'):
+    for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length',
+                 'scan_unroll'):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
     if self.position == 'rope' and self.d_kv % 2:

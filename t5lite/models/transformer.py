@@ -26,7 +26,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.attention import Attention, AttentionLayout, attention_layout, attention_mask
+from t5lite.models.attention import (Attention, AttentionLayout, PaddedRows, attention_layout,
+                                     attention_mask, padded_rows)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, Embed, MLP, Norm, constrain, param
 from t5lite.models.positions import BucketedBias, RelativePositionBias, sinusoidal_positions
@@ -64,11 +65,11 @@ class Features(NamedTuple):
 
 class LayerInputs(NamedTuple):
   """What every layer of a stack reads besides the hidden states; computed once per stack."""
-  mask: jax.Array | AttentionLayout  # (b|1, 1, l, l) self-attention mask, or flash's ids
+  mask: jax.Array | AttentionLayout | PaddedRows  # (b|1, 1, l, l) mask, flash's ids, or lengths
   bias: jax.Array | BucketedBias | None  # (1, h, l, l) T5 relative position bias, or its table
   positions: jax.Array | None  # (b, l) for RoPE
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
-  cross_mask: jax.Array | AttentionLayout | None = None  # (b|1, 1, l|1, m)
+  cross_mask: jax.Array | AttentionLayout | PaddedRows | None = None  # (b|1, 1, l|1, m)
   index: jax.Array | None = None  # decoding: cache position of the first of the l tokens
 
 
@@ -217,7 +218,10 @@ class Stack(nnx.Module):
     if self.embed_projection is not None:
       x = constrain(self.embed_projection(x), EMBED)
     flash = self.cfg.attention == 'flash'  # ids and the bias table, not (q, k) arrays
-    mask = attention_layout if flash else attention_mask
+    # rows of one example: lengths and a causal flag, no (q, k) mask
+    one_example_rows = features.segment_ids is None and features.bidirectional is None
+    mask = (attention_layout if flash else padded_rows
+            if one_example_rows and self.cfg.attention in ('xla', 'cudnn') else attention_mask)
     bias = None
     if self.cfg.position == 't5_relative':
       bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
@@ -317,6 +321,7 @@ class Stack(nnx.Module):
         return apply(block, y, key)
 
       scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry,
+                      unroll=self.cfg.scan_unroll,
                       transform_metadata={nnx.PARTITION_NAME: 'layers'})
       return scan(x, self.layers, keys)
     for i, block in enumerate(self.layers):

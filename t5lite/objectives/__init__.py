@@ -89,9 +89,32 @@ def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
   `exact_match` (token losses only) makes evaluation count exact target sequences."""
   objective = for_run(config, model_cfg)
   if teacher is not None:
-    return distillation.loss(objective, model_cfg, config.train, teacher)
-  return objective.loss(model_cfg, config.train, exact_match=exact_match)
+    loss = distillation.loss(objective, model_cfg, config.train, teacher)
+  else:
+    loss = objective.loss(model_cfg, config.train, exact_match=exact_match)
+  return loss if config.data.task else one_example_rows(loss)
 
 
-__all__ = ['OBJECTIVES', 'SETTINGS', 'Loss', 'Objective', 'base', 'check_reads', 'check_settings',
-           'for_run', 'get', 'make_loss', 'set_mode']
+# The features that tell the examples packed in a row apart (seqio's packed feature names end so)
+PACKING_FEATURES = ('_segment_ids', '_positions')
+
+
+def one_example_rows(loss: Loss) -> Loss:
+  """`loss` feeding the model its batches without segment ids and positions.
+
+  Every row of a pretraining batch is one example, padded at its end (the pipeline pads each
+  example to a row of its own; synthetic rows are one example too; tests/objectives pin it), so
+  they say nothing the tokens do not; without them attention takes lengths and a causal flag for
+  a (b, 1, q, k) mask, and cuDNN keeps T5's bias at (1, heads, q, k). A fine-tuning task packs
+  several examples a row: its loss reads them.
+  """
+  def sums(model, batch, *args, **kwargs):
+    unpacked = {name: value for name, value in batch.items()
+                if not name.endswith(PACKING_FEATURES)}
+    return loss.sums(model, unpacked, *args, **kwargs)
+  return loss._replace(sums=sums)
+
+
+__all__ = ['OBJECTIVES', 'PACKING_FEATURES', 'SETTINGS', 'Loss', 'Objective', 'base',
+           'check_reads', 'check_settings', 'for_run', 'get', 'make_loss', 'one_example_rows',
+           'set_mode']

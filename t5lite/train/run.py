@@ -21,6 +21,7 @@ from t5lite import objectives
 from t5lite.data import vocabulary
 from t5lite.inputs import batches as batches_lib
 from t5lite.inputs import mixture
+from t5lite.models import attention as attention_lib
 from t5lite.models.config import ModelConfig
 from t5lite.objectives import distillation
 from t5lite.train import checkpoint as checkpoint_lib
@@ -112,7 +113,7 @@ class Run:
         raise FileNotFoundError(
             f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
       saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
-      teacher_cfg = config_lib.model_config(saved)
+      teacher_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
       distillation.check_teacher(teacher_cfg, saved.data.vocabulary, self.model_cfg, config)
       spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, self.mesh, self.rules)
       params = (checkpointer.restore_params(step, spec.abstract.params) if restore
@@ -123,11 +124,12 @@ class Run:
 
 
 def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
-             reads_text: bool = True) -> Run:
+             reads_text: bool = True, platform: str | None = None) -> Run:
   """The run of `config` on `mesh` (default: one over all devices, shaped by config.mesh). A
   config that cannot work is one ValueError line here, before anything compiles or is written.
   reads_text=False for a run fed no tokenized text (`t5lite plan`, synthetic batches): its
-  vocabulary is not loaded to check that its ids fit the model."""
+  vocabulary is not loaded to check that its ids fit the model. `platform` is an abstract
+  mesh's ('gpu' for `t5lite plan --topology=1xH100`), for the kernel 'auto' attention takes."""
   config_lib.validate(config)
   spikes.check_settings(config)
   model_cfg = config_lib.model_config(config)
@@ -138,6 +140,7 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   mixture.check_objectives(config, model_cfg)
   rules = mesh_lib.rule_table(config.mesh.rules)
   mesh = mesh_lib.make_mesh(config.mesh) if mesh is None else mesh
+  model_cfg = with_kernel(model_cfg, mesh, platform)
   check_attention(model_cfg, mesh)
   mesh_lib.check_divisibility(model_cfg, config.data, mesh, rules,
                               microbatches=config.train.microbatches)
@@ -148,6 +151,21 @@ def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,
   # of a topology `t5lite plan` compiles for cannot run.
   spec = state_lib.state_spec(model_cfg, optimizer, config.train.seed, mesh, rules)
   return Run(config, model_cfg, mesh, rules, optimizer, schedule, spec)
+
+
+def with_kernel(model_cfg: ModelConfig, mesh, platform: str | None = None) -> ModelConfig:
+  """`model_cfg` with 'auto' attention made the kernel of the mesh's devices (of `platform` for
+  an abstract mesh): cuDNN's on NVIDIA GPUs in 16 bits, else XLA's. So a run trained with cuDNN
+  evaluates, exports and decodes on a CPU with the same parameters and no flag."""
+  if model_cfg.attention != 'auto':
+    return model_cfg
+  version = ''
+  if isinstance(mesh, Mesh):
+    device = mesh.devices.flat[0]
+    platform, version = device.platform, device.client.platform_version
+  kernel = attention_lib.kernel_for('auto', model_cfg.dtype, platform or jax.default_backend(),
+                                    version)
+  return dataclasses.replace(model_cfg, attention=kernel)
 
 
 def check_attention(model_cfg: ModelConfig, mesh) -> None:

@@ -89,6 +89,17 @@ def test_cudnn_attention_is_planned_for_gpus_and_refused_on_this_cpu():
   assert '\n' not in str(error.value)
 
 
+def test_auto_attention_is_planned_as_the_topologys_kernel():
+  """The default, 'auto', is cuDNN's kernel for GPUs in bfloat16 (at its measured MFU), XLA's
+  in float32 and for TPUs; on this CPU host it plans and compiles with XLA's."""
+  assert load('t5_tiny').model.attention == 'auto'
+  bf16 = load('t5_tiny', 'model.dtype=bfloat16')
+  assert plan_lib.plan(bf16, '8xH100', compile_step=False)['mfu'] == plan_lib.CUDNN_GPU_MFU
+  assert plan_lib.plan(load('t5_tiny'), '8xH100', compile_step=False)['mfu'] == (
+      plan_lib.DEFAULT_MFU['gpu'])
+  assert plan_lib.plan(bf16, 'v5e-8', compile_step=False)['mfu'] == plan_lib.DEFAULT_MFU['tpu']
+
+
 def test_flash_attention_is_refused_on_tpus_only():
   for platform in ('gpu', 'cpu'):
     run_lib.check_attention_platform('flash', platform)

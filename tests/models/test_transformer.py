@@ -16,7 +16,8 @@ import pytest
 
 from t5lite.models import (Features, ModelConfig, build, get_params, load_params, stack_layers,
                            unstack_layers)
-from t5lite.models.attention import attention_mask, dot_product_attention
+from t5lite.models.attention import (attention_mask, dot_product_attention, kernel_for,
+                                     padded_rows)
 
 ARCHS = ('encoder_decoder', 'encoder', 'decoder')
 ENCODER_LENGTH, DECODER_LENGTH = 12, 8  # every batch here has 2 rows of these lengths
@@ -192,6 +193,81 @@ def test_xla_and_einsum_attention_agree():
   outputs = [dot_product_attention(q, k, v, mask=mask, bias=bias, implementation=impl)
              for impl in ('xla', 'einsum')]
   np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6)
+
+
+@pytest.mark.parametrize('case', ['encoder', 'decoder', 'cross'])
+@pytest.mark.parametrize('implementation', ['xla', 'einsum'])
+def test_padded_rows_attend_as_their_mask_does(case, implementation):
+  """Lengths and a causal flag (rows of one example, cuDNN's fast path) give what the (b, 1, q,
+  k) mask gives, forward and every gradient, the bias at (1, heads, q, k)."""
+  rng = np.random.RandomState(11)
+  q_len = DECODER_LENGTH if case != 'encoder' else ENCODER_LENGTH
+  k_len = DECODER_LENGTH if case == 'decoder' else ENCODER_LENGTH
+  q = jnp.asarray(rng.randn(3, q_len, 4, 8), jnp.float32)
+  k, v = (jnp.asarray(rng.randn(3, k_len, 4, 8), jnp.float32) for _ in range(2))
+  bias = jnp.asarray(rng.randn(1, 4, q_len, k_len), jnp.float32)
+  key_valid = None if case == 'decoder' else jnp.arange(k_len) < jnp.asarray([[k_len], [5], [1]])
+  causal = case == 'decoder'
+  rows = padded_rows(q_len, key_valid, causal=causal)
+  if key_valid is not None:
+    np.testing.assert_array_equal(rows.key_lengths, [k_len, 5, 1])
+
+  def loss(mask, impl):
+    return lambda *args: jnp.sum(dot_product_attention(*args[:3], mask=mask, bias=args[3],
+                                                       implementation=impl) ** 2)
+  got = jax.value_and_grad(loss(rows, implementation), argnums=(0, 1, 2, 3))(q, k, v, bias)
+  want = jax.value_and_grad(loss(attention_mask(q_len, key_valid, causal=causal), 'einsum'),
+                            argnums=(0, 1, 2, 3))(q, k, v, bias)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-5), got, want)
+
+
+def test_padded_rows_are_for_one_example_a_row():
+  segments = jnp.ones((2, ENCODER_LENGTH), jnp.int32)
+  with pytest.raises(ValueError, match='one example each'):
+    padded_rows(ENCODER_LENGTH, segments > 0, query_segment_ids=segments,
+                key_segment_ids=segments)
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_rows_without_segment_ids_train_as_with_them(arch):
+  """A batch of one example a row (trailing padding) without segment ids and positions (the
+  lengths path) gives the loss and gradients it gives with them (the mask path), scanned with
+  remat as a pretraining run is."""
+  model = build(tiny(arch=arch, scan_layers=True, remat_policy='save_dots'), nnx.Rngs(12))
+  rng = np.random.RandomState(12)
+  lengths = {'encoder': [[ENCODER_LENGTH], [7]], 'decoder': [[DECODER_LENGTH], [5]]}
+  plain, packed = {}, {}
+  for side, length in ((s, ENCODER_LENGTH if s == 'encoder' else DECODER_LENGTH)
+                       for s in ('encoder', 'decoder')):
+    real = np.arange(length) < np.asarray(lengths[side])
+    plain[f'{side}_input_tokens'] = np.where(real, tokens(rng, 2, length), 0)
+    packed.update({f'{side}_input_tokens': plain[f'{side}_input_tokens'],
+                   f'{side}_segment_ids': real.astype(np.int32),
+                   f'{side}_positions': np.where(real, np.arange(length), 0)})
+  plain, packed = ({k: jnp.asarray(v, jnp.int32) for k, v in b.items()} for b in (plain, packed))
+  side = 'encoder' if arch == 'encoder' else 'decoder'
+  real = np.asarray(packed[f'{side}_segment_ids'] > 0)
+  weights = jnp.asarray(np.random.RandomState(7).randn(model.cfg.vocab_size), jnp.float32)
+
+  @nnx.jit
+  def loss_and_grads(model, batch):  # real positions only: padding's logits differ, unread
+    return nnx.value_and_grad(lambda m: jnp.sum(jnp.where(real[..., None], m(batch), 0) * weights))(
+        model)
+  (loss, grads), (loss_packed, grads_packed) = (loss_and_grads(model, b) for b in (plain, packed))
+  np.testing.assert_allclose(loss, loss_packed, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               grads.to_pure_dict(), grads_packed.to_pure_dict())
+
+
+def test_auto_attention_is_cudnn_on_nvidia_gpus_in_16_bits_only():
+  assert kernel_for('auto', 'bfloat16', 'gpu', 'cuda 13.0') == 'cudnn'
+  assert kernel_for('auto', 'float16', 'gpu') == 'cudnn'
+  assert kernel_for('auto', 'float32', 'gpu') == 'xla'  # cuDNN's fused kernel takes no float32
+  assert kernel_for('auto', 'bfloat16', 'gpu', 'rocm 6.2') == 'xla'
+  assert kernel_for('auto', 'bfloat16', 'tpu') == kernel_for('auto', 'bfloat16', 'cpu') == 'xla'
+  assert kernel_for('flash', 'bfloat16', 'tpu') == 'flash'  # a kernel named is that kernel
+  with pytest.raises(ValueError, match="model.attention='auto' names no kernel"):
+    build(tiny(attention='auto'), nnx.Rngs(0))
 
 
 def test_xla_and_einsum_models_agree():

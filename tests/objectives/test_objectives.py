@@ -6,6 +6,7 @@ import itertools
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -70,6 +71,57 @@ def test_synthetic_batches_have_the_pipelines_features(objective):
   synthetic = next(batches.make_batches(data, 'train', process_index=0, process_count=1))
   assert {k: (v.shape, v.dtype) for k, v in synthetic.items()} == {
       k: (v.shape, v.dtype) for k, v in text.items()}
+
+
+@pytest.mark.parametrize('source', ['text', batches.SYNTHETIC])
+@pytest.mark.parametrize('objective', sorted(LENGTHS))
+def test_every_row_is_one_example_padded_at_its_end(objective, source):
+  """What `objectives.one_example_rows` relies on to feed the model no segment ids: in every
+  objective's batches (text and synthetic) a row's segment ids are 1 then 0 (padding, at the
+  end) and its positions count from 0 over the example. A pipeline that packed two examples a
+  row would fail here, not leak one into the other's attention."""
+  data = data_config(objective, batch_size=8).data
+  if source == batches.SYNTHETIC:
+    data.source = source
+  for batch in itertools.islice(batches.make_batches(data, 'train', process_index=0,
+                                                     process_count=1), 3):
+    sides = {name.removesuffix('_segment_ids') for name in batch if name.endswith('_segment_ids')}
+    assert sides, f'{objective} has no segment ids to check'
+    for side in sides:
+      segments, positions = batch[f'{side}_segment_ids'], batch[f'{side}_positions']
+      lengths = segments.sum(axis=1)
+      expected = np.arange(segments.shape[1])[None, :] < lengths[:, None]
+      np.testing.assert_array_equal(segments, expected.astype(segments.dtype), side)
+      np.testing.assert_array_equal(positions, np.where(expected, np.arange(segments.shape[1]), 0),
+                                    side)
+
+
+class FeatureRecorder:
+  """A stand-in model that records the features it is given and returns zero logits."""
+
+  def __init__(self):
+    self.features = None
+
+  def __call__(self, batch, **unused):
+    self.features = sorted(batch)
+    tokens = batch['decoder_target_tokens']
+    return jnp.zeros((*tokens.shape, 8), jnp.float32)
+
+
+@pytest.mark.parametrize('task', ['', 'sentiment'])
+def test_pretraining_models_read_no_segment_ids_a_tasks_do(task):
+  """Pretraining rows are one example each (the test above): the loss feeds the model no
+  segment ids or positions. A fine-tuning task packs examples: its model reads them."""
+  config = data_config('span_corruption')
+  config.data.task = task
+  loss = objectives.make_loss(config, config_lib.model_config(config))
+  batch = next(batches.make_batches(data_config('span_corruption').data, 'train',
+                                    process_index=0, process_count=1))
+  model = FeatureRecorder()
+  loss.sums(model, {k: jnp.asarray(v) for k, v in batch.items()}, None, None, train=False)
+  packing_features = [name for name in batch if name.endswith(objectives.PACKING_FEATURES)]
+  assert len(packing_features) == 4
+  assert model.features == sorted(set(batch) - (set() if task else set(packing_features)))
 
 
 @pytest.mark.parametrize('objective', sorted(LENGTHS))
