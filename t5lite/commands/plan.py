@@ -226,7 +226,9 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   d_model activations are not. cross_length > 0 adds cross-attention to that many keys.
   save_dots: the layer's input and the outputs of its matmuls against weights that its backward
   pass reads (q, k, v, the attention output projection, the MLP input projections), not the
-  probabilities. full: the layer's input alone.
+  probabilities. save_attention: save_dots' and, per attention sublayer, its output over the
+  queries (b, length, heads, d_kv) (with cuDNN also the float32 softmax statistics, (b, heads,
+  length)), and the gated MLP product (b, length, d_ff). full: the layer's input alone.
   """
   s = jnp.dtype(cfg.dtype).itemsize
   inner = cfg.num_heads * cfg.d_kv * s / tensor  # bytes per position of q, k, v or their output
@@ -236,8 +238,10 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   keys = [kv_length] + ([cross_length] if cross_length else [])
   none = sum(residual + 2 * length * inner + 2 * k * inner + length * k * probs for k in keys)
   dots = sum(length * inner + 2 * k * inner + residual for k in keys)
+  stats = cfg.num_heads * 4 / tensor if cfg.attention == 'cudnn' else 0  # per query
+  kept = len(keys) * length * (inner + stats) + (mlp / 2 if cfg.is_gated else 0)
   return {'none': b * (none + residual + mlp), 'save_dots': b * (dots + residual + mlp),
-          'full': b * residual}
+          'save_attention': b * (dots + residual + mlp + kept), 'full': b * residual}
 
 
 def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, b: float,

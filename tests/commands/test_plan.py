@@ -6,6 +6,7 @@ The big presets are planned with `model.scan_layers=True`: the stacked model bui
 count is the same.
 """
 
+import dataclasses
 import functools
 import importlib.util
 
@@ -14,6 +15,7 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.commands import plan as plan_lib
+from t5lite.models import ModelConfig
 from t5lite.train import run as run_lib
 
 GiB = 2**30
@@ -136,6 +138,21 @@ def test_t5_1_1_base_is_replicated_and_fits(topology, attention, devices, peak, 
 def test_activations_follow_the_rows_of_a_device():
   v4, h100 = analytic_plan('t5_1_1_base', 'v4-32'), analytic_plan('t5_1_1_base', '8xH100')
   assert h100['analytic']['activations'] == pytest.approx(2 * v4['analytic']['activations'])
+
+
+def test_save_attention_keeps_the_attention_outputs_and_the_gated_product():
+  """A gated bf16 decoder layer, 2 rows of 16 positions, cross-attention to 12: save_dots' 25,600
+  bytes plus 2 x 16 x 64 of attention outputs (self and cross) and 16 x 64 x 2 of gated product a
+  row (33,792); with cuDNN on tensor=2 also 4 heads x 4 bytes / 2 of softmax statistics a query."""
+  cfg = ModelConfig(d_model=32, d_ff=64, num_heads=4, d_kv=8, activation='gated-gelu',
+                    dtype='bfloat16')
+  assert plan_lib.layer_bytes(cfg, 2, 16, 16, 1, cross_length=12) == {
+      'none': 44032, 'save_dots': 25600, 'save_attention': 33792, 'full': 2048}
+  cudnn = plan_lib.layer_bytes(dataclasses.replace(cfg, attention='cudnn'), 2, 16, 16, 2,
+                               cross_length=12)
+  assert cudnn['save_attention'] - cudnn['save_dots'] == 2 * (2 * 16 * (32 + 8) + 16 * 64)
+  relu = plan_lib.layer_bytes(dataclasses.replace(cfg, activation='relu'), 2, 16, 16, 1)
+  assert relu['save_attention'] - relu['save_dots'] == 2 * 16 * 64  # no gated product
 
 
 def test_t5_1_1_xxl_fits_a_16_gib_v5e_chip_only_when_sharded():
