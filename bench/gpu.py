@@ -25,15 +25,20 @@ persistent compilation cache. The jobs, in order:
 - hf: the first preset (SIDE_BY_SIDE: its fastest attention, half the batch) beside Hugging
   Face's T5, eager and compiled (SDPA, fused AdamW), steps alternating in one process
   (bench/train_step.py);
+- hf_alone:BATCH: Hugging Face's T5 at its fastest alone in its process, at batch 128 and 32,
+  for the speed rows of t5lite at those batches (together they did not fit at 128);
 - speed:MODEL:CHANGE: each preset's baseline (bfloat16, 512/114, BASELINE: scanned layers,
-  save_dots remat, `xla` attention) and one setting changed at a time (a config field, or XLA
-  flags): tokens/s, MFU by t5lite/train/flops.py against the device's peak, XLA's memory
-  estimate, the allocator's peak, compile time (or its load from the shared cache);
+  save_dots remat, `xla` attention) and one setting changed at a time (a config field, XLA
+  flags, or `rows=packed`: the model fed the rows' segment ids, as before pretraining rows
+  went without), and the GPU speed issue's LEVERS: tokens/s, MFU by t5lite/train/flops.py
+  against the device's peak, XLA's memory estimate, the allocator's peak, compile time (or its
+  load from the shared cache), the cuDNN attention calls compiled (of scanned stacks: forward
+  calls past the forward pass's three are remat recomputing attention);
 - resume: `t5lite train` on synthetic batches with checkpoints, once through and once SIGKILLed
   and resumed; every step's loss compared bit for bit (those before the checkpoint it resumed
   from compare two runs of one config, those after compare resuming), the two runs' saves of
   that step, and the first run resumed from its own save; resume:flash the same with the flash
-  kernel;
+  kernel, resume:auto with the GPU defaults (RESUMED), and under XLA's deterministic ops;
 - plan: `t5lite plan` for this machine (e.g. 1xH200, compiled on it) against the allocator's
   peak that the resume job's run logged.
 On CPU the same jobs run on t5_tiny at tiny shapes, one layer a stack and fewer steps
@@ -91,7 +96,24 @@ XLA_FLAGS = {
                 '--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_command_buffer= '
                 '--xla_gpu_enable_highest_priority_async_stream=true '
                 '--xla_gpu_enable_while_loop_double_buffering=true'),
+    # the scanned layers' parameters sliced inside the kernels that read them, not copied out
+    'dynamic_slice': '--xla_gpu_enable_dynamic_slice_fusion=true',
+    # Triton GEMMs, which can take elementwise producers and consumers into the matmul (the
+    # bench's command turns them off for cuBLAS; a later flag wins)
+    'triton_gemm': '--xla_gpu_enable_triton_gemm=true',
+    # every op's deterministic algorithm (cuDNN attention's backward among them), for a bitwise
+    # resume, at what cost
+    'deterministic': '--xla_gpu_deterministic_ops=true',
 }
+# The GPU speed issue's levers that are settings, measured one at a time against cuDNN attention
+# on rows of one example, and together (`rows=packed` feeds the model the rows' segment ids: the
+# (b, 1, q, k) mask that cuDNN folds into a (b, heads, q, k) bias, as every run did before).
+LEVERS = ({'optim.fused': True}, {'model.fused_projections': True},
+          {'model.remat_policy': 'save_attention'}, {'xla': 'dynamic_slice'},
+          {'model.scan_unroll': 2}, {'xla': 'triton_gemm'})
+CUDNN = {'model.attention': 'cudnn'}
+MODEL_LEVERS = {'model.fused_projections': True, 'model.remat_policy': 'save_attention'}
+ALL_LEVERS = {**CUDNN, 'optim.fused': True, **MODEL_LEVERS}
 # Each preset's baseline batch, then one change at a time from its baseline; 'xla' names a flag
 # set of XLA_FLAGS for the job's process instead of a config field. On CPU, t5_tiny runs the
 # first preset's changes at a 32nd of the batch.
@@ -103,13 +125,25 @@ SWEEP = {
         {'model.attention': 'cudnn', 'model.scan_layers': False},
         {'model.attention': 'cudnn', 'model.remat_policy': 'none'},
         {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'},
-        {'model.attention': 'flash'}, {'model.attention': 'flash', 'model.remat_policy': 'none'}]),
+        {'model.attention': 'flash'}, {'model.attention': 'flash', 'model.remat_policy': 'none'},
+        {**CUDNN, 'rows': 'packed'}, *({**CUDNN, **lever} for lever in LEVERS), ALL_LEVERS,
+        {**ALL_LEVERS, 'data.batch_size': 32}, {**ALL_LEVERS, 'xla': 'deterministic'}]),
     't5_1_1_large': (64, [
         {}, {'model.attention': 'cudnn'}, {'data.batch_size': 128},
         {'model.remat_policy': 'full'},
         {'model.attention': 'cudnn', 'model.scan_layers': False},
-        {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'}]),
+        {'model.attention': 'cudnn', 'model.scan_layers': False, 'model.remat_policy': 'none'},
+        {**CUDNN, 'rows': 'packed'}, ALL_LEVERS]),
 }
+# The batches Hugging Face's compiled T5 is timed at alone (hf_alone), beside t5lite's speed rows
+HF_ALONE_BATCHES = (128, 32)
+# The resume jobs' settings over BASELINE: resume (xla), resume:flash, and resume:auto, the
+# defaults on a GPU (auto: cuDNN's kernel there, XLA's on CPU) with the model's levers (the run
+# trains with the preset's Adafactor, which optim.fused does not fuse)
+RESUMED = {'xla': {'model.attention': 'xla'}, 'flash': {'model.attention': 'flash'},
+           'auto': {**MODEL_LEVERS, 'model.attention': 'auto'}}
+# Keys of a change that are not config fields: XLA flags, and the rows' segment ids fed or not
+BENCH_KEYS = ('xla', 'rows')
 # The side by side runs t5lite as it is fastest (cuDNN attention: 1.65x the baseline's step on
 # an H100, 2026-11-26) at a quarter of the baseline batch: its three models live at once, and at
 # 64 PyTorch's two (53.5 GiB) beside t5lite's allocator pool ran out of an H100's 80 GB.
@@ -132,7 +166,7 @@ TIMEOUT_S = {'correctness': 150, 'attention': 90, 'attention_speed': 300, 'profi
              'hf': 180, 'speed': 120, 'resume': 300, 'plan': 150}
 CPU_TIMEOUT_S = 600
 # The resume job's run: steps and checkpoint interval.
-RESUME = {'gpu': (40, 10), 'cpu': (8, 2)}
+RESUME = {'gpu': (12, 4), 'cpu': (8, 2)}
 # Steps of the bfloat16 check's memorising runs; t5_tiny has the batch by step 10 (loss 9.5 to
 # 0.03), and on CPU, where each step of the two runs is slow, the check stops soon after.
 MEMORISING_STEPS = {'gpu': 50, 'cpu': 12}
@@ -489,17 +523,19 @@ def sweep() -> dict:
   if on_gpu():
     return SWEEP
   batch, changes = next(iter(SWEEP.values()))
-  changes = [{k: v // CPU_BATCH_DIVISOR if k == 'data.batch_size' else v
-              for k, v in change.items()} for change in changes
-             if change.get('model.attention') != 'cudnn']  # cuDNN needs a GPU
-  return {CPU_MODEL: (batch // CPU_BATCH_DIVISOR, changes)}
+  on_cpu = {}  # cuDNN needs a GPU: its changes run with the baseline's kernel, once each
+  for change in changes:
+    change = {k: v // CPU_BATCH_DIVISOR if k == 'data.batch_size' else v
+              for k, v in change.items() if (k, v) != ('model.attention', 'cudnn')}
+    on_cpu.setdefault(change_name(change), change)
+  return {CPU_MODEL: (batch // CPU_BATCH_DIVISOR, list(on_cpu.values()))}
 
 
 def variant_config(name: str, change: dict):
   """The preset's baseline on this backend's shapes with one change (XLA flags aside)."""
   batch, _ = sweep()[name]
   overrides = {**BASELINE, **{f'model.{k}': v for k, v in model_fields().items()},
-               **{k: v for k, v in change.items() if k != 'xla'}}
+               **{k: v for k, v in change.items() if k not in BENCH_KEYS}}
   return preset(name, batch_size=batch, **shapes(), **overrides)
 
 
@@ -508,13 +544,12 @@ def change_name(change: dict) -> str:
   return '+'.join(f'{k}={v}' for k, v in change.items()) or 'baseline'
 
 
-def measure(config, steps: int, warmup: int) -> dict:
+def measure(config, steps: int, warmup: int, *, packed: bool = False) -> dict:
   """One variant on one device: bench/train_step.py's compiled step, `steps` timed after
-  `warmup`."""
-  step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config))
+  `warmup`; `packed` feeds the model the rows' segment ids."""
+  step, info = train_step.t5lite_step(config, train_step.synthetic_batch(config), packed=packed)
   seconds = train_step.interleaved_times({'t5lite': step}, warmup, steps)['t5lite'][0]
-  return {**speed_figures(config, seconds), 'compile_s': round(info['compile_s'], 2),
-          'xla_memory_mib': info['xla_memory_mib'], **peak_memory()}
+  return {**speed_figures(config, seconds), **info, **peak_memory()}
 
 
 def speed_figures(config, seconds: list[float]) -> dict:
@@ -537,7 +572,8 @@ def peak_memory() -> dict:
 
 def speed(name: str, change: dict, args) -> list[dict]:
   row = {'bench': 'gpu_speed', 'model': name, 'change': change_name(change)}
-  return [{**row, **measure(variant_config(name, change), args.steps, args.warmup)}]
+  return [{**row, **measure(variant_config(name, change), args.steps, args.warmup,
+                            packed=change.get('rows') == 'packed')}]
 
 
 def profile(name: str, change: dict, args) -> list[dict]:
@@ -588,11 +624,27 @@ def side_by_side(args) -> list[dict]:
   return [{**row, 'bench': 'gpu_side_by_side'}]
 
 
+def hf_alone(batch_size: int, args) -> list[dict]:
+  """Hugging Face's T5 at its fastest (torch.compile, SDPA, fused AdamW) on the first preset's
+  shapes at `batch_size` (on CPU its 32nd), alone in this process: set beside t5lite's speed
+  row of the same batch, each side has the whole GPU (together, batch 128 did not fit)."""
+  name = next(iter(sweep()))
+  config = variant_config(name, {})
+  config.data.batch_size = batch_size if on_gpu() else max(1, batch_size // CPU_BATCH_DIVISOR)
+  device = train_step.torch_device()
+  step, info = train_step.torch_step(config, train_step.synthetic_batch(config), device,
+                                     fastest=True)
+  seconds = train_step.interleaved_times({'hf': step}, args.warmup, args.steps)['hf'][0]
+  memory = train_step.gpu_peak_memory('hf_torch_compile') if on_gpu() else {}
+  return [{'bench': 'gpu_hf_alone', 'model': name, 'framework': 'hf_torch_compile', **info,
+           **speed_figures(config, seconds), **memory}]
+
+
 # ---- the real run: resume, and plan against it -------------------------------------------------
 
-def run_flags(attention: str = 'xla') -> list[str]:
-  """`t5lite train` flags of the resume job's run (and of the plan against it), with that
-  attention kernel."""
+def run_flags(variant: str = 'xla') -> list[str]:
+  """`t5lite train` flags of the resume job's run (and of the plan against it), with the
+  settings of RESUMED[variant]."""
   steps, every = RESUME['gpu' if on_gpu() else 'cpu']
   name = next(iter(sweep()))
   batch, _ = sweep()[name]
@@ -601,18 +653,18 @@ def run_flags(attention: str = 'xla') -> list[str]:
            '--config.train.eval_every=0', f'--config.checkpoint.every_steps={every}',
            f'--config.checkpoint.keep={steps // every}',
            f'--config.data.batch_size={batch}', f'--config.model.dtype={shapes()["dtype"]}',
-           *(f'--config.{k}={v}' for k, v in {**BASELINE, 'model.attention': attention}.items())]
+           *(f'--config.{k}={v}' for k, v in {**BASELINE, **RESUMED[variant]}.items())]
   if not on_gpu():
     flags += [f'--config.data.inputs_length={shapes()["inputs_length"]}',
               f'--config.data.targets_length={shapes()["targets_length"]}']
   return flags + [f'--config.model.{k}={v}' for k, v in model_fields().items()]
 
 
-def launch_train(workdir: str, attention: str, kill: bool = False) -> list[int]:
-  """Runs `t5lite train` with run_flags(attention) to the end, or with `kill` SIGKILLs it once a
+def launch_train(workdir: str, variant: str, kill: bool = False) -> list[int]:
+  """Runs `t5lite train` with run_flags(variant) to the end, or with `kill` SIGKILLs it once a
   checkpoint is complete and a step past it has printed; returns the steps it printed."""
   process = subprocess.Popen(
-      [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags(attention)],
+      [sys.executable, '-m', 't5lite', 'train', f'--workdir={workdir}', *run_flags(variant)],
       cwd=train_step.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   printed, last_lines = [], collections.deque(maxlen=5)
   for line in process.stdout:  # a line per step (log_every=1)
@@ -641,22 +693,22 @@ def logged_rows(workdir: str) -> dict[int, dict]:
     return {row['step']: row for row in map(json.loads, f) if 'loss' in row}
 
 
-def resume(args, attention: str = 'xla') -> list[dict]:
+def resume(args, variant: str = 'xla') -> list[dict]:
   """The run once through, and the same run SIGKILLed past a checkpoint and resumed: each
   step's loss, bit for bit, and the two runs' saved states at the step it resumed from; and
   the first run resumed from its own save of that step, against itself."""
   with tempfile.TemporaryDirectory() as folder:
     once, killed = os.path.join(folder, 'once'), os.path.join(folder, 'killed')
-    launch_train(once, attention)
-    printed = launch_train(killed, attention, kill=True)
-    resumed_from = launch_train(killed, attention)[0] - 1
+    launch_train(once, variant)
+    printed = launch_train(killed, variant, kill=True)
+    resumed_from = launch_train(killed, variant)[0] - 1
     a, b = logged_rows(once), logged_rows(killed)
-    differing_leaves = saved_state_differences(once, killed, resumed_from, attention)
+    differing_leaves = saved_state_differences(once, killed, resumed_from, variant)
     # the uninterrupted run resumed from its own save: does a save hold what the run held?
     own = os.path.join(folder, 'own')
     shutil.copytree(os.path.join(once, 'checkpoints', str(resumed_from)),
                     os.path.join(own, 'checkpoints', str(resumed_from)))
-    launch_train(own, attention)
+    launch_train(own, variant)
     c = logged_rows(own)
   steps = sorted(a)
   if steps != sorted(b):
@@ -668,7 +720,7 @@ def resume(args, attention: str = 'xla') -> list[dict]:
     return max((abs(a[s]['loss'] - b[s]['loss']) for s in chosen), default=0.0)
 
   timed = [a[s] for s in steps[1:]]  # the first step's time holds the step's first run
-  return [{'bench': 'gpu_resume', 'flags': run_flags(attention), 'steps': len(steps),
+  return [{'bench': 'gpu_resume', 'flags': run_flags(variant), 'steps': len(steps),
            'killed_after_step': printed[-1], 'resumed_from_step': resumed_from,
            'saved_states_equal': not differing_leaves,
            'saved_states_differing_leaves': differing_leaves,
@@ -686,18 +738,18 @@ def resume(args, attention: str = 'xla') -> list[dict]:
                c[s]['loss'] == a[s]['loss'] for s in c)}]
 
 
-def run_config(attention: str = 'xla'):
-  """The config of run_flags(attention), as `t5lite train` builds it."""
-  flags = run_flags(attention)
+def run_config(variant: str = 'xla'):
+  """The config of run_flags(variant), as `t5lite train` builds it."""
+  flags = run_flags(variant)
   config = config_lib.load(os.path.join(train_step.ROOT, flags[0].split('=', 1)[1]))
   config_lib.override(config, flags[1:])
   return config
 
 
-def saved_state_differences(first: str, second: str, step: int, attention: str) -> list[dict]:
+def saved_state_differences(first: str, second: str, step: int, variant: str) -> list[dict]:
   """The leaves of the train states two workdirs saved at checkpoint `step` that are not
   bit-identical: how many elements differ, the NaNs in each, the largest difference."""
-  config = run_config(attention)
+  config = run_config(variant)
   run = run_lib.make_run(config, mesh_lib.make_mesh(ONE_DEVICE, jax.devices()[:1]),
                          reads_text=False)
   states = []
@@ -774,6 +826,8 @@ def jobs() -> list[Job]:
                       lambda args, name=name, change=change: profile(name, change, args),
                       timeout('profile'), profile_flags))
   listed.append(Job('hf', side_by_side, timeout('hf'), preallocate=False))
+  listed += [Job(f'hf_alone:{batch}', functools.partial(hf_alone, batch), timeout('hf'),
+                 preallocate=False) for batch in HF_ALONE_BATCHES]
   for name, (_, changes) in sweep().items():
     for change in changes:
       # unrolled, t5_1_1_base's step compiled past 120 s on an H100 (2026-11-26), scanned in 7
@@ -786,7 +840,12 @@ def jobs() -> list[Job]:
   return listed + [Job('resume', resume, timeout('resume'), preallocate=False),
                     Job('plan', plan, timeout('plan')),
                     Job('resume:flash', lambda args: resume(args, 'flash'), timeout('resume'),
-                        preallocate=False)]
+                        preallocate=False),
+                    # the default settings: 'auto' is cuDNN's kernel on a GPU, XLA's on CPU
+                    Job('resume:auto', lambda args: resume(args, 'auto'), timeout('resume'),
+                        preallocate=False),
+                    Job('resume:auto:deterministic', lambda args: resume(args, 'auto'),
+                        timeout('resume'), XLA_FLAGS['deterministic'], preallocate=False)]
 
 
 def selected(patterns: str | None) -> list[Job]:

@@ -47,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from t5lite import config as config_lib  # noqa: E402
+from t5lite import objectives  # noqa: E402
 from t5lite.inputs import batches as batches_lib  # noqa: E402
 from t5lite.train import flops as flops_lib  # noqa: E402
 from t5lite.train import mesh as mesh_lib  # noqa: E402
@@ -99,15 +100,18 @@ def synthetic_batch(config) -> dict:
   return next(batches_lib.make_batches(config.data, process_index=0, process_count=1))
 
 
-def t5lite_step(config, batch: dict):
-  """(step, info): `step()` runs one jitted train step on one device and waits for its loss."""
+def t5lite_step(config, batch: dict, *, packed: bool = False):
+  """(step, info): `step()` runs one jitted train step on one device and waits for its loss.
+  `packed` gives the model the rows' segment ids, which a pretraining run leaves out."""
   run = run_lib.make_run(config, mesh_lib.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
                                                      jax.devices()[:1]), reads_text=False)
+  loss = (objectives.for_run(config, run.model_cfg).loss(run.model_cfg, config.train) if packed
+          else run.loss())
   with run.sharding():
     state = run.spec.init()
     device_batch = {k: jax.device_put(v, run.batch_sharding) for k, v in batch.items()}
     start = time.perf_counter()
-    compiled = run.jit_train_step(run.loss()).lower(state, device_batch, None).compile()
+    compiled = run.jit_train_step(loss).lower(state, device_batch, None).compile()
     compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
   holder = {'state': state}
@@ -118,7 +122,16 @@ def t5lite_step(config, batch: dict):
 
   xla_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
                - memory.alias_size_in_bytes + memory.temp_size_in_bytes) if memory else None
-  return step, {'compile_s': compile_s, 'xla_memory_mib': mib(xla_bytes)}
+  return step, {'compile_s': round(compile_s, 2), 'xla_memory_mib': mib(xla_bytes),
+                'attention': run.model_cfg.attention, **fused_attention_calls(compiled.as_text())}
+
+
+def fused_attention_calls(hlo: str) -> dict:
+  """cuDNN's fused attention calls in a compiled step (a scanned stack's once for all its
+  layers): forward calls past the forward pass's three are remat recomputing attention."""
+  targets = re.findall(r'custom_call_target="__cudnn\$fmha([A-Za-z]*)"', hlo)
+  backward = sum('Backward' in target for target in targets)
+  return {'cudnn_forward_calls': len(targets) - backward, 'cudnn_backward_calls': backward}
 
 
 def hf_config(model_cfg, attention: str = 'eager') -> 'transformers.T5Config':

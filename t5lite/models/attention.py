@@ -10,8 +10,8 @@ T5's bias table instead of (q, k) arrays: for it a stack builds an `attention_la
 each (no segment ids: pretraining's rows) need no (b, q, k) mask at all: for 'xla' and 'cudnn' a
 stack builds `padded_rows`, sequence lengths and a causal flag, and cuDNN keeps T5's bias at
 (1, heads, q, k), summing its gradient over the batch itself. They agree to float rounding.
-Decoding from a cache always takes the dense path ('xla' for 'flash'). 'auto' is resolved to a
-kernel by `kernel_for` once the devices are known.
+Decoding from a cache always takes the dense path ('xla' for 'flash'). 'auto' is a kernel of
+the devices, `kernel_for`'s choice: make_run's for its mesh, else the default backend's.
 """
 
 import dataclasses
@@ -120,12 +120,17 @@ def padded_rows(query_length: int, key_valid: jax.Array | None = None, *,
   return PaddedRows(jnp.max(jnp.where(key_valid, positions, 0), axis=1), causal)
 
 
-def kernel_for(attention: str, dtype: str, platform: str, platform_version: str = '') -> str:
-  """The kernel 'auto' means on `platform` (a jax platform: 'gpu', 'tpu', 'cpu'): cuDNN's fused
-  attention on NVIDIA GPUs in 16 bits (it takes no float32), else XLA's. Others are themselves."""
+def kernel_for(attention: str, dtype: str, platform: str | None = None,
+               platform_version: str = '') -> str:
+  """The kernel 'auto' means on `platform` (a jax platform: 'gpu', 'tpu', 'cpu'; None: JAX's
+  default backend): cuDNN's fused attention on NVIDIA GPUs in 16 bits (it takes no float32),
+  else XLA's. Others are themselves."""
   if attention != 'auto':
     return attention
-  nvidia = platform == 'gpu' and 'rocm' not in platform_version.lower()
+  if platform is None:
+    backend = jax.extend.backend.get_backend()
+    platform, platform_version = backend.platform, backend.platform_version
+  nvidia = platform in ('gpu', 'cuda') and 'rocm' not in platform_version.lower()
   return 'cudnn' if nvidia and dtype in ('bfloat16', 'float16') else 'xla'
 
 
@@ -233,10 +238,8 @@ class Attention(nnx.Module):
     self.v = project_in(d**-0.5)
     self.o = Dense((h, kv), (d,), ('heads', 'kv', 'embed'), std=(h * kv)**-0.5, cfg=cfg,
                    rngs=rngs)
-    if cfg.attention == 'auto':
-      raise ValueError("model.attention='auto' names no kernel until the devices are known: "
-                       'resolve it with kernel_for (make_run does)')
-    self.implementation = cfg.attention
+    # 'auto' that make_run did not resolve for its mesh: the default backend's kernel
+    self.implementation = kernel_for(cfg.attention, cfg.dtype)
     self.fused = cfg.fused_projections
 
   def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask: jax.Array,

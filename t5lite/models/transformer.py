@@ -37,7 +37,7 @@ def _saves_cudnn_attention(primitive, *_, **__) -> bool:
   """True for cuDNN's attention forward kernel, whose outputs (the attention output and the
   softmax statistics) are its backward kernel's residuals inside JAX's custom_vjp: unless they are
   saved, remat re-runs the forward kernel in the backward pass, a named copy of the output
-  notwithstanding (on an H200, 2 forward kernels per layer without this, 1 with it)."""
+  notwithstanding."""
   return primitive.name == 'dot_product_attention_fwd_wrapper'
 
 
@@ -242,7 +242,8 @@ class Stack(nnx.Module):
     # rows of one example: lengths and a causal flag, no (q, k) mask
     one_example_rows = features.segment_ids is None and features.bidirectional is None
     mask = (attention_layout if flash else padded_rows
-            if one_example_rows and self.cfg.attention in ('xla', 'cudnn') else attention_mask)
+            if one_example_rows and self.cfg.attention in ('auto', 'xla', 'cudnn')
+            else attention_mask)
     bias = None
     if self.cfg.position == 't5_relative':
       bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)

@@ -130,14 +130,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   teacher = run.load_teacher() if config.train.teacher_workdir else None
   reader = checkpoint_lib.Checkpointer(workdir, config.checkpoint, read_only=True)
   latest = reader.latest_step()
-  if latest is not None:
-    reader.check_model(latest, config)
-    if latest >= config.train.steps:  # a finished job run again: no mistake, nothing to write
-      if jax.process_index() == 0:
-        print(f'{workdir} is at step {latest} already, config.train.steps='
-              f'{config.train.steps}: nothing to train', flush=True)
-      reader.close()
-      return {'step': latest, 'finished': True}
+  if latest is not None and trained_already(reader, latest, config, workdir):
+    return {'step': latest, 'finished': True}
   history = metrics_lib.read_history(workdir)
   rollbacks = batches_lib.read_skipped(workdir)
   # measures the CPU's matmul rate: outside the mesh
@@ -150,15 +144,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
         data_start, batches_lib.skipped_ranges(rollbacks)))
     loss = run.loss(teacher, exact_match=inputs.exact_match)
     train_step, speed = compiled_train_step(run, loss, state, batches.peek(), rates)
-    eval_step = run.jit_eval_step(loss)
-
-    def evaluator(step: int, state) -> dict:  # new held-out batches each time: the same ones
-      metrics = evaluate(eval_step, loss, state.params, *inputs.held_out(), run.batch_sharding,
-                         run.components)
-      if keep_best:
-        keep_best(step, state, metrics)
-      return metrics
-
+    evaluator = make_evaluator(run, loss, inputs, keep_best)
     if jax.process_index() == 0:  # the run's config, once every check has passed
       print(config, flush=True)
     with lock_workdir(workdir, command):
@@ -174,6 +160,33 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
         checkpointer.close()
         if keep_best:
           keep_best.close()  # its last save too is written under the lock
+
+
+def trained_already(reader, latest: int, config: ml_collections.ConfigDict, workdir: str) -> bool:
+  """Checks that checkpoint `latest` is of this model; True (the reader closed) if it is at
+  config.train.steps already: a finished job run again, no mistake, nothing to write."""
+  reader.check_model(latest, config)
+  if latest < config.train.steps:
+    return False
+  if jax.process_index() == 0:
+    print(f'{workdir} is at step {latest} already, config.train.steps={config.train.steps}: '
+          'nothing to train', flush=True)
+  reader.close()
+  return True
+
+
+def make_evaluator(run: run_lib.Run, loss, inputs: Inputs, keep_best: Callable | None):
+  """evaluator(step, state) -> the held-out metrics (the same held-out batches each time),
+  which `keep_best` sees first."""
+  eval_step = run.jit_eval_step(loss)
+
+  def evaluator(step: int, state) -> dict:
+    metrics = evaluate(eval_step, loss, state.params, *inputs.held_out(), run.batch_sharding,
+                       run.components)
+    if keep_best:
+      keep_best(step, state, metrics)
+    return metrics
+  return evaluator
 
 
 def initial_state(run: run_lib.Run, reader, latest: int | None, init_params):

@@ -125,7 +125,8 @@ def fused_adamw(chain_init, schedule: optax.Schedule, clip: float, weight_decay:
   The chain builds a parameter-sized tree per transform and leaves fusing them to XLA; here each
   leaf's new moments and update come from (grad, mu, nu, param) in one `jax.tree.map`, one
   elementwise fusion per leaf by construction (plus the param RMS's reduction for
-  `adamw_scaled`). Same operations in the same order: the same numbers to float32 rounding. The state is the chain's own (`chain_init`), so checkpoints restore either way.
+  `adamw_scaled`). Same operations in the same order: the same numbers to float32 rounding.
+  The state is the chain's own (`chain_init`), so checkpoints restore either way.
   `update` takes `global_norm=`, the gradients' norm the step already computed for its metric,
   so that it is computed once; without it the norm is computed here.
   """

@@ -18,8 +18,12 @@ ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
 
-JOBS = ('correctness', 'attention', 'attention_speed', 'profile', 'hf', 'speed:t5_tiny:baseline',
-        'speed:t5_tiny:xla=maxtext', 'resume', 'plan', 'resume:flash')
+# the levers of the GPU speed issue together, and rows fed their segment ids (cuDNN's changes
+# run with XLA's kernel on CPU)
+LEVERS = 'optim.fused=True+model.fused_projections=True+model.remat_policy=save_attention'
+JOBS = ('correctness', 'attention', 'attention_speed', 'profile', 'hf', 'hf_alone:32',
+        'speed:t5_tiny:baseline', 'speed:t5_tiny:xla=maxtext', 'speed:t5_tiny:rows=packed',
+        f'speed:t5_tiny:{LEVERS}', 'resume', 'plan', 'resume:flash', 'resume:auto')
 
 
 @pytest.fixture(scope='module')
@@ -108,11 +112,16 @@ def test_the_speed_jobs_and_the_side_by_side_measure(rows):
   import gpu  # pylint: disable=import-outside-toplevel
   speed = {name: found[0] for name, found in by_job.items() if name.startswith('speed:')}
   batch, _ = gpu.SWEEP['t5_1_1_base']
-  assert sorted(speed) == ['speed:t5_tiny:baseline', 'speed:t5_tiny:xla=maxtext']
+  assert sorted(speed) == ['speed:t5_tiny:baseline', f'speed:t5_tiny:{LEVERS}',
+                           'speed:t5_tiny:rows=packed', 'speed:t5_tiny:xla=maxtext']
   for row in speed.values():
     assert 'error' not in row, row
     assert row['step_s'] > 0 and row['tokens_per_s'] > 0 and 0 < row['mfu'] < 1
     assert row['batch_size'] == batch // 32  # the first preset's, at a 32nd of its batch
+    assert row['attention'] == 'xla' and row['cudnn_forward_calls'] == 0
+  alone = by_job['hf_alone:32'][0]
+  assert alone['framework'] == 'hf_torch_compile' and alone['attention'] == 'sdpa'
+  assert alone['batch_size'] == 1 and alone['step_s'] > 0 and 0 < alone['mfu'] < 1
   side = by_job['hf'][0]
   for framework in ('t5lite', 'hf_torch', 'hf_torch_compile'):
     assert side[f'{framework}_step_s'] > 0 and 0 < side[f'{framework}_mfu'] < 1
@@ -128,7 +137,7 @@ def test_the_profile_maps_device_time_to_source_lines(rows):
   assert set(phases) == {'forward', 'backward', 'update'}
   assert phases['backward'] > phases['forward'] > 0  # the backward pass does twice the matmuls
   lines = [line for line, _, _ in profile['by_line']]
-  assert any(line.startswith('t5lite/models/layers.py:') and 'Dense' in line for line in lines)
+  assert any(line.startswith('t5lite/models/layers.py:') and '_linear' in line for line in lines)
   assert any(line.startswith('t5lite/models/attention.py:') for line in lines)
   assert profile['change'] == 'baseline' and profile['peak_memory_gib'] is None  # CPU: no stats
   for archive in ('trace_baseline.tar.gz', 'xla_dump_baseline.tar.gz'):
@@ -154,6 +163,10 @@ def test_a_killed_run_resumes_bitwise_and_plan_sees_its_memory(rows):
   assert flash['pass'] and flash['equal_losses'] == 8 and '--config.model.attention=flash' in (
       flash['flags'])
   assert flash['saved_states_differing_leaves'] == []
+  auto = by_job['resume:auto'][0]  # the GPU defaults; 'auto' is XLA's kernel here
+  assert auto['pass'] and auto['equal_losses'] == 8 and auto['saved_states_differing_leaves'] == []
+  assert {'--config.model.attention=auto', '--config.model.fused_projections=True',
+          '--config.model.remat_policy=save_attention'} <= set(auto['flags'])
   plan = by_job['plan'][0]
   assert plan['topology'] == 'cpu:1' and plan['compiled'] and plan['planned_gib'] > 0
   assert plan['run_peak_memory_gib'] is None  # XLA:CPU keeps no allocator statistics
@@ -166,25 +179,28 @@ def test_every_speed_change_makes_a_valid_config():
   from t5lite import config as config_lib  # pylint: disable=import-outside-toplevel
   cpu_sweep = gpu.sweep()
   [(cpu_model, (_, cpu_changes))] = cpu_sweep.items()
-  # the first preset's changes but cuDNN's (batch sizes a 32nd; flash runs interpreted)
-  kept = [change for change in gpu.SWEEP['t5_1_1_base'][1]
-          if change.get('model.attention') != 'cudnn']
-  assert [list(change) for change in cpu_changes] == [list(change) for change in kept]
-  assert len(cpu_changes) == 10
+  # the first preset's changes, cuDNN's with the baseline's kernel, each once (batch sizes a
+  # 32nd; flash runs interpreted)
+  without_cudnn = {gpu.change_name({k: v for k, v in change.items() if v != 'cudnn'})
+                   for change in gpu.SWEEP['t5_1_1_base'][1]}
+  assert len(cpu_changes) == len(without_cudnn) == 21
+  assert not any('cudnn' in change.values() for change in cpu_changes)
   variants = [(cpu_model, change, gpu.variant_config(cpu_model, change)) for change in cpu_changes]
   for name, (batch, changes) in gpu.SWEEP.items():
     for change in changes:
-      overrides = {**gpu.BASELINE, **{k: v for k, v in change.items() if k != 'xla'}}
+      overrides = {**gpu.BASELINE, **{k: v for k, v in change.items() if k not in gpu.BENCH_KEYS}}
       variants.append((name, change, gpu.preset(name, dtype='bfloat16', batch_size=batch,
                                                 inputs_length=512, targets_length=114,
                                                 **overrides)))
-  assert len(variants) == 10 + 14 + 6
+  assert len(variants) == 21 + 24 + 8
   for name, change, config in variants:
     config_lib.validate(config)
     config_lib.model_config(config)
     for key, value in change.items():
       if key == 'xla':
         assert value in gpu.XLA_FLAGS
+      elif key == 'rows':
+        assert value == 'packed'
       else:
         section, field = key.split('.')
         assert config[section][field] == value, (name, change)
