@@ -279,3 +279,30 @@ def test_two_processes_skip_the_same_steps_as_one(tmp_path):
   assert [step for step, _, spike, _ in runs[1] if spike] == [4, 5, 6, 7, 8, 10, 11, 12, 13, 14,
                                                              15]
   assert runs[1][-1][3] == 11
+
+
+@pytest.mark.slow  # two runs of 4 steps and a resumed one: 30 s on 2 shared cores
+def test_a_checkpoint_saved_before_spike_statistics_resumes_with_fresh_ones(tmp_path):
+  """A train state saved without `spikes` (by t5lite before 2026-11-28) restores with fresh
+  statistics and every other leaf as it was saved: the resumed run's losses are bit for bit those
+  of the run that saved it."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  first, old = tmp_path / 'first', tmp_path / 'old'
+  flags = ['--config.train.steps=4', '--config.checkpoint.every_steps=2']
+  assert train(first, *flags) == 0
+  assert train(old, '--config.train.steps=2', '--config.checkpoint.every_steps=2') == 0
+  state_dir = old / 'checkpoints' / '2' / 'state'
+  checkpointer = ocp.StandardCheckpointer()
+  saved = checkpointer.restore(state_dir)
+  assert 'spikes' in saved
+  del saved['spikes']
+  old_state = tmp_path / 'old_state'
+  checkpointer.save(old_state, saved)
+  checkpointer.wait_until_finished()
+  os.rename(state_dir, tmp_path / 'with_spikes')
+  os.rename(old_state, state_dir)
+  assert 'spikes' not in checkpointer.restore(state_dir)
+  assert train(old, *flags) == 0
+  assert [metrics(old)[step]['loss'] for step in (3, 4)] == [
+      metrics(first)[step]['loss'] for step in (3, 4)]
+  np.testing.assert_equal(saved_params(old, 4), saved_params(first, 4))
