@@ -30,7 +30,6 @@ import ml_collections
 from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType
 
-from t5lite import config as config_lib
 from t5lite import objectives
 from t5lite.inputs import batches as batches_lib
 from t5lite.models import family

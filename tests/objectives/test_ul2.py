@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import objectives
 from t5lite.data import vocabulary
 from t5lite.inputs import batches
 from t5lite.inputs import mixture
