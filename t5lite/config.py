@@ -39,9 +39,7 @@ PRESETS = pathlib.Path(__file__).parent / 'configs'
 def base_config() -> ml_collections.ConfigDict:
   """Defaults shared by all presets: T5 span-corruption pretraining with Adafactor."""
   return ml_collections.ConfigDict(dict(
-      # attention: the devices' fastest kernel (t5lite/train/run.py: with_kernel)
-      model=dict(dataclasses.asdict(ModelConfig()), attention='auto'), data=_data_defaults(),
-      train=_train_defaults(),
+      model=dataclasses.asdict(ModelConfig()), data=_data_defaults(), train=_train_defaults(),
       **_optim_mesh_checkpoint_defaults()))
 
 

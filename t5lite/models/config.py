@@ -58,11 +58,11 @@ class ModelConfig:
   dropout: float = 0.0
   dtype: str = 'float32'  # compute dtype (bfloat16 on accelerators)
   param_dtype: str = 'float32'
-  # auto (what a run's devices do fastest: cudnn on NVIDIA GPUs in bfloat16 or float16, else
-  # xla; resolved by `models.attention.kernel_for` when the devices are known) | xla | cudnn
+  # auto (what the devices do fastest: cudnn on NVIDIA GPUs in bfloat16 or float16, else xla;
+  # `models.attention.kernel_for`, for a run's mesh by make_run) | xla | cudnn
   # (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias computed in the
   # kernel: models/flash_attention.py)
-  attention: str = 'xla'
+  attention: str = 'auto'
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   scan_unroll: int = 1  # layers per scanned loop iteration (fewer iterations, their slicing)
   # none | full | save_dots | save_attention (save_dots plus the attention outputs and the gated
