@@ -132,7 +132,6 @@ def _optim_mesh_checkpoint_defaults() -> dict[str, ml_collections.ConfigDict]:
   optim.warmup_steps = 10_000
   optim.weight_decay = 0.0
   optim.clip_grad_norm = 1.0  # 0 disables
-  optim.fused = False  # adamw(_scaled): clipping, Adam, decay and lr in one pass per parameter
 
   mesh = ml_collections.ConfigDict()
   mesh.data = -1  # -1: the devices the other axes leave

@@ -225,9 +225,7 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   d_model activations are not. cross_length > 0 adds cross-attention to that many keys.
   save_dots: the layer's input and the outputs of its matmuls against weights that its backward
   pass reads (q, k, v, the attention output projection, the MLP input projections), not the
-  probabilities. save_attention: save_dots' and, per attention sublayer, its output over the
-  queries (b, length, heads, d_kv) (with cuDNN also the float32 softmax statistics, (b, heads,
-  length)), and the gated MLP product (b, length, d_ff). full: the layer's input alone.
+  probabilities. full: the layer's input alone.
   """
   s = jnp.dtype(cfg.dtype).itemsize
   inner = cfg.num_heads * cfg.d_kv * s / tensor  # bytes per position of q, k, v or their output
@@ -237,10 +235,8 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   keys = [kv_length] + ([cross_length] if cross_length else [])
   none = sum(residual + 2 * length * inner + 2 * k * inner + length * k * probs for k in keys)
   dots = sum(length * inner + 2 * k * inner + residual for k in keys)
-  stats = cfg.num_heads * 4 / tensor if cfg.attention == 'cudnn' else 0  # per query
-  kept = len(keys) * length * (inner + stats) + (mlp / 2 if cfg.is_gated else 0)
   return {'none': b * (none + residual + mlp), 'save_dots': b * (dots + residual + mlp),
-          'save_attention': b * (dots + residual + mlp + kept), 'full': b * residual}
+          'full': b * residual}
 
 
 def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, b: float,
@@ -320,10 +316,11 @@ def peak_flops(topology: Topology, devices) -> float:
 
 # The MFU a step time is predicted at where --mfu is not given. GPU: what `t5lite train` reached
 # on t5_1_1_base (bfloat16, 512/114, batch 128, scanned, no remat) on one H200 on 2026-11-26
-# (bench/gpu.py's resume job; docs/notes/gpu.md); with cuDNN attention, what its step reached on
-# one H100 (save_dots remat; t5_1_1_large 0.26). TPU and CPU: not measured by t5lite yet.
+# (bench/gpu.py's resume job; docs/notes/gpu.md); with cuDNN attention (the default on NVIDIA
+# GPUs), what its step reached on one H200 on 2026-11-28 (save_dots remat, rows of one example
+# unmasked: 0.2845; t5_1_1_large 0.29). TPU and CPU: not measured by t5lite yet.
 DEFAULT_MFU = {'gpu': 0.16, 'tpu': 0.4, 'cpu': 0.4}
-CUDNN_GPU_MFU = 0.24
+CUDNN_GPU_MFU = 0.28
 
 
 def default_mfu(platform: str, attention: str) -> float:

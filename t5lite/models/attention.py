@@ -19,11 +19,10 @@ import functools
 
 from flax import nnx
 import jax
-from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import Dense, constrain, fused_dense, mesh_spec
+from t5lite.models.layers import Dense, constrain, mesh_spec
 from t5lite.models.positions import BucketedBias, apply_rope
 
 HEADS = ('batch', 'length', 'heads', 'kv')  # logical axes of per-head activations
@@ -219,12 +218,9 @@ def _dense(rows: PaddedRows, query_length: int, key_length: int) -> jax.Array:
 class Attention(nnx.Module):
   """Projections to heads, attention, projection back; self- or cross-attention by the caller.
 
-  Called whole, `attention(x, memory)`, in training and scoring: with `cfg.fused_projections`
-  self-attention's q|k|v (cross-attention's k|v) is one matmul. Or in two halves,
-  `keys_values(memory)` then `attend(x, key, value)`, so that decoding can cache keys and
-  values: a decoder's self-attention ones one step at a time, cross-attention's once from the
-  encoder output. The attention output is named 'attention_output' for the `save_attention`
-  remat policy.
+  In two halves, `keys_values(memory)` then `attend(x, key, value)`, so that decoding can cache
+  keys and values: a decoder's self-attention ones one step at a time, cross-attention's once
+  from the encoder output.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -240,47 +236,23 @@ class Attention(nnx.Module):
                    rngs=rngs)
     # 'auto' that make_run did not resolve for its mesh: the default backend's kernel
     self.implementation = kernel_for(cfg.attention, cfg.dtype)
-    self.fused = cfg.fused_projections
-
-  def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask: jax.Array,
-               bias: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
-    """x (b, q, d) attends to itself (memory None) or to memory (b, k, d) -> (b, q, d)."""
-    if memory is not None or not self.fused:
-      key, value = self.keys_values(x if memory is None else memory, positions)
-      return self.attend(x, key, value, mask=mask, bias=bias, positions=positions)
-    query, key, value = self._heads((self.q, self.k, self.v), x)
-    return self._attend_heads(query, _rope(key, positions), value, mask=mask, bias=bias,
-                              positions=positions)
 
   def keys_values(self, memory: jax.Array, positions: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array]:
     """memory (b, k, d) -> keys and values (b, k, h, kv), keys rotated by positions (RoPE)."""
-    key, value = self._heads((self.k, self.v), memory)
-    return _rope(key, positions), value
+    key = constrain(self.k(memory), HEADS)  # (b, k, d) -> (b, k, h, kv)
+    value = constrain(self.v(memory), HEADS)
+    if positions is not None:
+      key = apply_rope(key, positions)
+    return key, value
 
   def attend(self, x: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array,
              bias: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
     """x (b, q, d) attends to keys and values (b, k, h, kv) -> (b, q, d); positions (b, q)
     rotate the queries (RoPE) as they rotated the keys."""
-    (query,) = self._heads((self.q,), x)
-    return self._attend_heads(query, key, value, mask=mask, bias=bias, positions=positions)
-
-  def _heads(self, projections: tuple[Dense, ...], x: jax.Array) -> list[jax.Array]:
-    """x (b, l, d) -> (b, l, h, kv) by each projection; one matmul for several when fused."""
-    if self.fused and len(projections) > 1:
-      heads = fused_dense(projections, x)
-    else:
-      heads = [project(x) for project in projections]
-    return [constrain(y, HEADS) for y in heads]
-
-  def _attend_heads(self, query, key, value, *, mask, bias, positions):
-    """Unrotated queries (b, q, h, kv) attend to keys and values -> (b, q, d)."""
-    out = dot_product_attention(_rope(query, positions), key, value, mask=mask, bias=bias,
+    query = constrain(self.q(x), HEADS)  # (b, q, d) -> (b, q, h, kv)
+    if positions is not None:
+      query = apply_rope(query, positions)
+    out = dot_product_attention(query, key, value, mask=mask, bias=bias,
                                 implementation=self.implementation)
-    out = checkpoint_name(constrain(out, HEADS), 'attention_output')  # (b, q, h, kv)
-    return self.o(out)  # (b, q, h, kv) -> (b, q, d)
-
-
-def _rope(x: jax.Array, positions: jax.Array | None) -> jax.Array:
-  """x (b, l, h, kv) rotated by positions (b, l) with RoPE, or x without positions."""
-  return x if positions is None else apply_rope(x, positions)
+    return self.o(constrain(out, HEADS))  # (b, q, h, kv) -> (b, q, d)

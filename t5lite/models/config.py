@@ -14,7 +14,7 @@ NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
 ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
-REMAT_POLICIES = ('none', 'full', 'save_dots', 'save_attention')
+REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
 TYPE_NAMES = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string'}
@@ -65,13 +65,7 @@ class ModelConfig:
   attention: str = 'auto'
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   scan_unroll: int = 1  # layers per scanned loop iteration (fewer iterations, their slicing)
-  # none | full | save_dots | save_attention (save_dots plus the attention outputs and the gated
-  # MLP product, not recomputed in the backward pass: models/transformer.py CHECKPOINT_POLICIES)
-  remat_policy: str = 'none'
-  # q|k|v (cross-attention: k|v) and the gated MLP's wi_0|wi_1 each as one matmul, kernels
-  # concatenated at call time: same parameters and checkpoints (layers.fused_dense). Opt-in
-  # until measured faster on a GPU
-  fused_projections: bool = False
+  remat_policy: str = 'none'  # none | full | save_dots
   # ELECTRA: the generator's heads and d_ff as a fraction of the discriminator's (the paper's
   # "generator size", 1/4 for small and large, 1/3 for base); same d_model and depth
   generator_size: float = 0.25

@@ -14,7 +14,6 @@ from flax import nnx
 import flax.core.spmd
 from flax.linen import partitioning
 import jax
-from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
@@ -59,38 +58,16 @@ class Dense(nnx.Module):
                  if cfg.use_bias else None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    bias = None if self.bias is None else self.bias[...]
-    return _linear(x, self.kernel[...], bias, self.num_in, self.dtype)
-
-
-def _linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_in: int,
-            dtype: jnp.dtype) -> jax.Array:
-  """x (..., *in) times kernel (*in, *out) plus bias (*out) -> (..., *out) in dtype."""
-  kernel = kernel.astype(dtype)
-  in_size = math.prod(kernel.shape[:num_in])
-  # (..., *in) -> (tokens, in) x (in, out) -> (..., *out): one 2-D matmul, so each weight
-  # gradient contracts a single dimension and XLA:CPU copies no transposed activations
-  # (22% of a t5_tiny step on CPU; see docs/notes/train-step-cpu.md).
-  y = x.astype(dtype).reshape(-1, in_size) @ kernel.reshape(in_size, -1)
-  y = y.reshape(*x.shape[:x.ndim - num_in], *kernel.shape[num_in:])
-  return y if bias is None else y + bias.astype(dtype)
-
-
-def fused_dense(denses: Sequence[Dense], x: jax.Array) -> list[jax.Array]:
-  """What each Dense (same input shape) makes of x, as ONE matmul: one wide matmul keeps a GPU
-  busier than several narrow ones (`model.fused_projections`).
-
-  The kernels (*in, *out) are stacked at call time on a new axis, (*in, n, *out), so the
-  parameters and checkpoints are those of the separate layers. E.g. q, k, v (d, h, kv) ->
-  (d, 3, h, kv): x (b, l, d) -> (b, l, 3, h, kv) -> 3 x (b, l, h, kv).
-  """
-  first = denses[0]
-  kernel = jnp.stack([dense.kernel[...] for dense in denses], axis=first.num_in)
-  bias = (None if first.bias is None
-          else jnp.stack([dense.bias[...] for dense in denses]))  # (n, *out)
-  y = _linear(x, kernel, bias, first.num_in, first.dtype)  # (..., n, *out)
-  axis = x.ndim - first.num_in
-  return [jax.lax.index_in_dim(y, i, axis, keepdims=False) for i in range(len(denses))]
+    kernel = self.kernel[...].astype(self.dtype)
+    in_size = math.prod(kernel.shape[:self.num_in])
+    # (..., *in) -> (tokens, in) x (in, out) -> (..., *out): one 2-D matmul, so each weight
+    # gradient contracts a single dimension and XLA:CPU copies no transposed activations
+    # (22% of a t5_tiny step on CPU; see docs/notes/train-step-cpu.md).
+    y = x.astype(self.dtype).reshape(-1, in_size) @ kernel.reshape(in_size, -1)
+    y = y.reshape(*x.shape[:x.ndim - self.num_in], *kernel.shape[self.num_in:])
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
 
 
 class Embed(nnx.Module):
@@ -142,10 +119,7 @@ ACTIVATION_FUNCTIONS = {
 
 
 class MLP(nnx.Module):
-  """The feed-forward block: act(x wi) wo, or T5 v1.1's gated act(x wi_0) * (x wi_1) wo.
-
-  The gated product is named 'mlp_product' for the `save_attention` remat policy, which keeps
-  it rather than recompute it in the backward pass."""
+  """The feed-forward block: act(x wi) wo, or T5 v1.1's gated act(x wi_0) * (x wi_1) wo."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     def dense(d_in, d_out, axes):
@@ -153,7 +127,6 @@ class MLP(nnx.Module):
 
     self.act = ACTIVATION_FUNCTIONS[cfg.activation.removeprefix('gated-')]
     self.gated = cfg.is_gated
-    self.fused = cfg.fused_projections
     if self.gated:
       self.wi_0 = dense(cfg.d_model, cfg.d_ff, ('embed', 'mlp'))
       self.wi_1 = dense(cfg.d_model, cfg.d_ff, ('embed', 'mlp'))
@@ -164,9 +137,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
     if self.gated:
-      inputs = (self.wi_0, self.wi_1)
-      gate, linear = fused_dense(inputs, x) if self.fused else [dense(x) for dense in inputs]
-      h = checkpoint_name(self.act(gate) * linear, 'mlp_product')  # 2 x (b, l, d_ff)
+      h = self.act(self.wi_0(x)) * self.wi_1(x)
     else:
       h = self.act(self.wi(x))
     h = constrain(h, ('batch', 'length', 'mlp'))

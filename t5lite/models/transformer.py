@@ -32,28 +32,10 @@ from t5lite.models.config import ModelConfig
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, Embed, MLP, Norm, constrain, param
 from t5lite.models.positions import BucketedBias, RelativePositionBias, sinusoidal_positions
 
-
-def _saves_cudnn_attention(primitive, *_, **__) -> bool:
-  """True for cuDNN's attention forward kernel, whose outputs (the attention output and the
-  softmax statistics) are its backward kernel's residuals inside JAX's custom_vjp: unless they are
-  saved, remat re-runs the forward kernel in the backward pass, a named copy of the output
-  notwithstanding."""
-  return primitive.name == 'dot_product_attention_fwd_wrapper'
-
-
 CHECKPOINT_POLICIES = {
     'full': None,  # save nothing: recompute the whole layer in the backward pass
     # keep the projections' outputs, recompute attention scores and elementwise ops
     'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    # save_dots plus the attention outputs and the gated MLP product (checkpoint names in
-    # attention.Attention and layers.MLP) and cuDNN's attention residuals: the backward pass
-    # recomputes no attention kernel ('xla' and 'einsum' still recompute the probabilities,
-    # which are not saved) and no gated product
-    'save_attention': jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.save_from_both_policies(
-            jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-            jax.checkpoint_policies.save_only_these_names('attention_output', 'mlp_product')),
-        _saves_cudnn_attention),
 }
 EMBED = ('batch', 'length', 'embed')
 
@@ -158,22 +140,19 @@ class Block(nnx.Module):
     """
     rngs = None if key is None else nnx.Rngs(dropout=key)
     y = self._sublayer_input(x, self.self_attention_norm)
-    if cache is None:
-      y = self.self_attention(y, mask=inputs.mask, bias=inputs.bias, positions=inputs.positions)
-    else:
-      key_value = self.self_attention.keys_values(y, inputs.positions)  # 2 x (b, l, h, kv)
+    key_value = self.self_attention.keys_values(y, inputs.positions)  # 2 x (b, l, h, kv)
+    if cache is not None:
       cache = cache._replace(key=_write(cache.key, key_value[0], inputs.index),
                              value=_write(cache.value, key_value[1], inputs.index))
-      y = self.self_attention.attend(y, cache.key, cache.value, mask=inputs.mask,
-                                     bias=inputs.bias, positions=inputs.positions)
+      key_value = cache.key, cache.value  # 2 x (b, length, h, kv)
+    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=inputs.bias,
+                                   positions=inputs.positions)
     x = self._residual(x, y, self.self_attention_norm, deterministic, rngs)
     if inputs.cross_mask is not None:
       y = self._sublayer_input(x, self.cross_attention_norm)
-      if cache is None:
-        y = self.cross_attention(y, inputs.encoded, mask=inputs.cross_mask)
-      else:  # 2 x (b, m, h, kv) computed once
-        y = self.cross_attention.attend(y, cache.cross_key, cache.cross_value,
-                                        mask=inputs.cross_mask)
+      key_value = (self.cross_attention.keys_values(inputs.encoded) if cache is None
+                   else (cache.cross_key, cache.cross_value))  # 2 x (b, m, h, kv)
+      y = self.cross_attention.attend(y, *key_value, mask=inputs.cross_mask)
       x = self._residual(x, y, self.cross_attention_norm, deterministic, rngs)
     y = self.mlp(self._sublayer_input(x, self.mlp_norm), deterministic=deterministic, rngs=rngs)
     x = constrain(self._residual(x, y, self.mlp_norm, deterministic, rngs), EMBED)

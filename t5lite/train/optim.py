@@ -14,8 +14,6 @@ from jax.sharding import PartitionSpec
 
 SCHEDULES = ('rsqrt', 'cosine', 'constant')
 OPTIMIZERS = ('adafactor', 'adamw', 'adamw_scaled')
-ADAM_B1, ADAM_B2 = 0.9, 0.999
-ADAM_EPS = dict(adamw=1e-8, adamw_scaled=1e-6)  # optax's default; nanoT5's
 
 
 def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
@@ -51,7 +49,7 @@ def adamw_scaled(learning_rate, weight_decay: float = 0.0) -> optax.GradientTran
   parameter RMS, as in nanoT5.
   """
   return optax.chain(
-      optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS['adamw_scaled']),
+      optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6),
       optax.scale_by_param_block_rms(min_scale=1e-3),
       optax.add_decayed_weights(weight_decay),
       optax.scale_by_learning_rate(learning_rate))
@@ -117,72 +115,18 @@ def factor_like_t5(adafactor: optax.GradientTransformation, logical_axes,
   return optax.GradientTransformationExtraArgs(lambda params: inner.init(views(params)), update)
 
 
-def fused_adamw(chain_init, schedule: optax.Schedule, clip: float, weight_decay: float,
-                eps: float, scale_by_param_rms: bool) -> optax.GradientTransformationExtraArgs:
-  """optax's chain of global-norm clipping, Adam, [the param-RMS scale of `adamw_scaled`,]
-  decoupled weight decay and the learning rate, as one elementwise expression per parameter.
-
-  The chain builds a parameter-sized tree per transform and leaves fusing them to XLA; here each
-  leaf's new moments and update come from (grad, mu, nu, param) in one `jax.tree.map`, one
-  elementwise fusion per leaf by construction (plus the param RMS's reduction for
-  `adamw_scaled`). Same operations in the same order: the same numbers to float32 rounding.
-  The state is the chain's own (`chain_init`), so checkpoints restore either way.
-  `update` takes `global_norm=`, the gradients' norm the step already computed for its metric,
-  so that it is computed once; without it the norm is computed here.
-  """
-  def update(grads, state, params=None, *, global_norm=None, **extra_args):
-    del extra_args
-    adam, scheduled = jax.tree.leaves(state, is_leaf=_is_adam_or_schedule)
-    count = optax.safe_increment(adam.count)
-    mu_correction, nu_correction = 1 - ADAM_B1**count, 1 - ADAM_B2**count
-    step_size = -1 * schedule(scheduled.count)
-    if clip > 0 and global_norm is None:
-      global_norm = optax.tree.norm(grads)
-
-    def one_leaf(g, mu, nu, param):
-      if clip > 0:
-        g = jax.lax.select(global_norm < clip, g, g / global_norm.astype(g.dtype) * clip)
-      mu = (1 - ADAM_B1) * g + ADAM_B1 * mu
-      nu = (1 - ADAM_B2) * g**2 + ADAM_B2 * nu
-      step = (mu / mu_correction.astype(mu.dtype)) / (
-          jnp.sqrt(nu / nu_correction.astype(nu.dtype)) + eps)
-      if scale_by_param_rms:
-        step = step * optax.safe_root_mean_squares(param, 1e-3)
-      if weight_decay:
-        step = step + weight_decay * param
-      return jnp.array(step_size, step.dtype) * step, mu, nu
-
-    per_leaf = jax.tree.map(one_leaf, grads, adam.mu, adam.nu, params)
-    updates, mu, nu = jax.tree.transpose(
-        jax.tree.structure(grads), jax.tree.structure((0, 0, 0)), per_leaf)
-    stepped = {optax.ScaleByAdamState: adam._replace(count=count, mu=mu, nu=nu),
-               optax.ScaleByScheduleState: optax.ScaleByScheduleState(
-                   optax.safe_increment(scheduled.count))}
-    return updates, jax.tree.map(lambda part: stepped.get(type(part), part), state,
-                                 is_leaf=_is_adam_or_schedule)
-
-  return optax.GradientTransformationExtraArgs(chain_init, update)
-
-
-def _is_adam_or_schedule(part) -> bool:
-  return isinstance(part, (optax.ScaleByAdamState, optax.ScaleByScheduleState))
-
-
 def make_optimizer(optim_cfg, total_steps: int,
-                   logical_axes=None) -> optax.GradientTransformationExtraArgs:
+                   logical_axes=None) -> optax.GradientTransformation:
   """The optimizer named by `optim.name`, on `make_schedule`, after global-norm clipping.
 
   Weight decay applies to every parameter, norms and biases too (nanoT5 exempts those).
   Adafactor's weight decay is not scaled by the learning rate (T5X's default); AdamW's is.
   `logical_axes` (a PartitionSpec of logical names per parameter, e.g. `state.param_axes`) lets
   Adafactor factor attention kernels as T5 does (`factor_like_t5`); None factors each tensor as
-  optax does, over its two largest dims. `optim.fused` computes AdamW's chain as `fused_adamw`.
+  optax does, over its two largest dims.
   """
   schedule = make_schedule(optim_cfg, total_steps)
   weight_decay, name = float(optim_cfg.weight_decay), optim_cfg.name
-  if optim_cfg.fused and name == 'adafactor':
-    raise ValueError("optim.fused=True fuses AdamW's update; use optim.name=adamw or "
-                     "adamw_scaled with it, or optim.fused=False with adafactor")
   if name == 'adafactor':
     # T5's settings: factored second moments for dims >= 128, decay 1 - t^-0.8, update RMS
     # clipped at 1, step relative to max(1e-3, RMS(param)), no momentum.
@@ -195,15 +139,10 @@ def make_optimizer(optim_cfg, total_steps: int,
     if logical_axes is not None:
       tx = factor_like_t5(tx, logical_axes, min_dim)
   elif name == 'adamw':
-    tx = optax.adamw(schedule, b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS[name],
-                     weight_decay=weight_decay)
+    tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
   elif name == 'adamw_scaled':
     tx = adamw_scaled(schedule, weight_decay)
   else:
     raise ValueError(f'optim.name={name!r} is not one of {", ".join(OPTIMIZERS)}')
   clip = float(optim_cfg.clip_grad_norm)
-  tx = optax.chain(optax.clip_by_global_norm(clip), tx) if clip > 0 else tx
-  if optim_cfg.fused:
-    return fused_adamw(tx.init, schedule, clip, weight_decay, ADAM_EPS[name],
-                       scale_by_param_rms=name == 'adamw_scaled')
-  return tx
+  return optax.chain(optax.clip_by_global_norm(clip), tx) if clip > 0 else tx

@@ -39,7 +39,7 @@ class Run:
   model_cfg: ModelConfig
   mesh: Mesh  # or an AbstractMesh of a topology this host does not have (`t5lite plan`)
   rules: tuple  # (logical axis, mesh axes) pairs: mesh.rule_table(config.mesh.rules)
-  optimizer: optax.GradientTransformationExtraArgs
+  optimizer: optax.GradientTransformation
   schedule: optax.Schedule
   spec: state_lib.StateSpec
 

@@ -31,14 +31,11 @@ def split_microbatches(batch, num_microbatches: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef, non_params, loss, train_cfg,
-                    optimizer: optax.GradientTransformationExtraArgs, schedule: optax.Schedule,
-                    num_components: int = 0) -> Callable:
+def make_train_step(graphdef, non_params, loss, train_cfg, optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule, num_components: int = 0) -> Callable:
   """Returns train_step(state, batch, frozen_params) -> (state, metrics) minimising `loss` (an
   objective's `Loss`); `non_params` is the model's state other than parameters;
-  `num_components` a mixture's (0 without one). The gradients' global norm, the `grad_norm`
-  metric, goes to the optimizer as `global_norm=`: a fused AdamW clips by it instead of
-  computing it again (`optim.fused_adamw`); optax's chain ignores it."""
+  `num_components` a mixture's (0 without one)."""
   num_microbatches = train_cfg.microbatches
 
   def grads_and_sums(params, batch, frozen_params, key, denominators):
@@ -67,12 +64,10 @@ def make_train_step(graphdef, non_params, loss, train_cfg,
       (grads, sums), _ = jax.lax.scan(
           accumulate, zeros,
           (split_microbatches(batch, num_microbatches), jnp.arange(num_microbatches)))
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params,
-                                          global_norm=grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = loss.metrics(sums)
-    metrics['grad_norm'] = grad_norm
+    metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['learning_rate'] = schedule(state.step)
     spike_stats, withheld, spike_metrics = spikes.observe(
         state.spikes, state.step + 1, metrics['loss'], metrics['grad_norm'], train_cfg.spikes)

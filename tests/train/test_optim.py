@@ -1,7 +1,5 @@
 """Schedules at known steps, Adafactor's factored state (T5's attention views included),
-nanoT5's AdamWScale against numpy, the fused AdamW against optax's chain."""
-
-import functools
+nanoT5's AdamWScale against numpy."""
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +51,6 @@ def test_constant():
     (dict(schedule='rsqrt', warmup_steps=0), 10, 'rsqrt needs optim.warmup_steps > 0'),
     (dict(schedule='cosine', warmup_steps=10_000), 2_000, 'warmup_steps=10000 must be below'),
     (dict(name='sgd'), 10, "optim.name='sgd' is not one of adafactor, adamw, adamw_scaled"),
-    (dict(name='adafactor', fused=True), 10, 'optim.fused=True .* use optim.name=adamw or'),
 ])
 def test_bad_settings_give_one_line(changes, total_steps, match):
   with pytest.raises(ValueError, match=match) as error:
@@ -266,58 +263,3 @@ def test_adamw_scaled_matches_nanot5(scale):
   # eps before bias correction, which moves it by well under 1%.
   np.testing.assert_allclose(np.abs(moved).max(), 3 * 0.01 * max(1e-3, scale), rtol=0.1)
   np.testing.assert_allclose(p - param, moved, rtol=0, atol=0.01 * np.abs(moved).max())
-
-
-def nested_params(rng) -> dict:
-  """A small tree as a model's: nested dicts, a scanned (layers, ...) kernel, a vector."""
-  return {'embed': rng.normal(size=(16, 8)), 'encoder': {
-      'layers': {'kernel': rng.normal(size=(3, 8, 12)), 'scale': 1 + 0.1 * rng.normal(size=(3, 8))},
-      'final_norm': rng.normal(size=(8,))}}
-
-
-@pytest.mark.parametrize('name', ['adamw', 'adamw_scaled'])
-@pytest.mark.parametrize('weight_decay', [0.0, 0.1])
-@pytest.mark.parametrize('grad_scale', [10.0, 0.01])  # global norm above / below clip_grad_norm
-def test_fused_adamw_is_optax_chain(name, weight_decay, grad_scale):
-  """Same params and moments as optax's chain over warmup steps; the state is the chain's."""
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), nested_params(rng))
-  grads = [jax.tree.map(lambda x: jnp.asarray(grad_scale * rng.normal(size=x.shape), jnp.float32),
-                        params) for _ in range(4)]
-  cfg = dict(name=name, schedule='cosine', learning_rate=1e-2, warmup_steps=2,
-             weight_decay=weight_decay, clip_grad_norm=1.0)
-  chain = optim.make_optimizer(optim_cfg(**cfg), 6)
-  fused = optim.make_optimizer(optim_cfg(**cfg, fused=True), 6)
-
-  @functools.partial(jax.jit, static_argnums=1)
-  def steps(params, with_norm):
-    out = []
-    for tx in (chain, fused):
-      p, state = params, tx.init(params)
-      for g in grads:
-        norm = optax.tree.norm(g) if with_norm else None
-        updates, state = tx.update(g, state, p, global_norm=norm)
-        p = optax.apply_updates(p, updates)
-      out.append((p, state))
-    return out
-
-  for with_norm in (True, False):  # the step's norm, or the transform's own
-    want, got = steps(params, with_norm)
-    assert jax.tree.structure(got[1]) == jax.tree.structure(want[1])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), got, want)
-  assert int(got[1][1][0].count) == 4 and int(got[1][1][-1].count) == 4  # Adam's, the schedule's
-
-
-def test_fused_adamw_clips_by_the_norm_it_is_given():
-  """The step's norm is the clipping's: no reduction over the gradients is left in the update."""
-  params = jax.tree.map(jnp.asarray, nested_params(np.random.default_rng(0)))
-  cfg = dict(name='adamw', weight_decay=0.1, clip_grad_norm=1.0)
-
-  def reductions(tx, **norm):
-    jaxpr = jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p, **norm))(
-        params, tx.init(params), params)
-    return str(jaxpr).count('reduce_sum')
-
-  fused = optim.make_optimizer(optim_cfg(**cfg, fused=True), 10)
-  assert reductions(fused, global_norm=jnp.float32(3.0)) == 0
-  assert reductions(fused) == reductions(optim.make_optimizer(optim_cfg(**cfg), 10)) == 4
