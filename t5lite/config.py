@@ -203,11 +203,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('train.distill_temperature', train.distill_temperature)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
+  for group in (('data', 'fsdp', 'tensor'), ('dcn_data', 'dcn_fsdp')):
+    check_mesh_sizes([config.mesh[name] for name in group],
+                     ' '.join(f'mesh.{name}={config.mesh[name]}' for name in group))
   objectives.check_settings(data, 'config.data')
   mixture.check_components(data.mixture)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
+
+
+def check_mesh_sizes(sizes: list[int], described: str) -> None:
+  """One line for a group of mesh axis sizes (the ICI axes, or the DCN ones) with a size below 1
+  (-1 aside: the rest) or two -1s."""
+  if sizes.count(-1) > 1 or any(size == 0 or size < -1 for size in sizes):
+    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
 
 
 def presets() -> list[str]:

@@ -141,9 +141,11 @@ def verify(store: str) -> Callable[[Case], list[str]]:
 
 RUN, HF, TEXT = ('run',), ('hf',), ('corpus.txt',)
 KINDS = [
-    # a workdir's own files: train resumed at its step reads config.json (nothing to train)
+    # a workdir's own files: train resumed at its step reads config.json (nothing to train); a
+    # mesh that does not fit the devices is named by its settings (mesh.dcn_fsdp=3 ...,
+    # config.mesh.rules.batch=...), checked where the devices are known
     Kind('workdir-config', 'run/config.json', resume(1), RUN, 'json', 40, or_names='run',
-         or_says='config.mesh.rules.'),
+         or_says='mesh.'),
     Kind('workdir-metrics', 'run/metrics.jsonl', resume(2), RUN, 'jsonl', 2),
     # its checkpoint's files that orbax reads as JSON (the line names the checkpoint)
     Kind('checkpoint-metadata', 'run/checkpoints/1/_CHECKPOINT_METADATA', resume(1), RUN, 'json',

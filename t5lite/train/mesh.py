@@ -22,6 +22,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from t5lite import config as config_lib
+
 log = logging.getLogger(__name__)
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
@@ -46,8 +48,7 @@ def rule_table(rules_cfg: Mapping[str, str]) -> tuple:
 def _with_the_rest(sizes: list[int], total: int, described: str) -> list[int]:
   """`sizes` with a single -1 resolved to what the others leave of `total`, where they divide
   it; one line for a size below 1 (-1 aside) or two -1s."""
-  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f'{described}: sizes must be positive, with at most one -1 (the rest)')
+  config_lib.check_mesh_sizes(sizes, described)
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes and total % fixed == 0:
     sizes[sizes.index(-1)] = total // fixed
