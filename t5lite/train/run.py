@@ -163,8 +163,7 @@ def with_kernel(model_cfg: ModelConfig, mesh, platform: str | None = None) -> Mo
   if isinstance(mesh, Mesh):
     device = mesh.devices.flat[0]
     platform, version = device.platform, device.client.platform_version
-  kernel = attention_lib.kernel_for('auto', model_cfg.dtype, platform or jax.default_backend(),
-                                    version)
+  kernel = attention_lib.kernel_for('auto', model_cfg.dtype, platform, version)
   return dataclasses.replace(model_cfg, attention=kernel)
 
 
