@@ -107,15 +107,19 @@ def _train_defaults() -> ml_collections.ConfigDict:
 
 
 def _spikes_defaults() -> ml_collections.ConfigDict:
-  """Loss spikes (t5lite/train/spikes.py): a step whose loss or gradient norm is not finite, or
-  lies more than `threshold` deviations above its moving mean, and what is done about it."""
+  """Loss spikes (t5lite/train/spikes.py): a step whose loss or gradient norm is not finite, whose
+  loss is `ceiling` times the run's first, or which lies more than `threshold` deviations above
+  its moving mean; and what is done about it."""
   spikes = ml_collections.ConfigDict()
   # off: a NaN or Inf loss stops the run, a finite spike goes on | stop: any spike stops the run
   # | skip: a spike's update is not applied | rollback: back to the checkpoint before the spike,
   # its batches skipped
   spikes.policy = 'off'
-  spikes.window = 100  # steps in the moving mean and variance; no decision before this many
-  spikes.threshold = 8.0  # deviations above the mean that make a spike (loss or gradient norm)
+  spikes.window = 100  # steps in the moving mean and variance
+  # deviations above the mean that make a spike (loss or gradient norm), once 10 healthy steps
+  # (or `window`, if fewer) are in the statistics
+  spikes.threshold = 8.0
+  spikes.ceiling = 4.0  # from the second step, a loss above this many times the first is a spike
   spikes.skip_limit = 5  # skip: skips within skip_window steps; the next spike rolls back
   spikes.skip_window = 1000
   spikes.rollback_skip_after = 20  # rollback: batches skipped past the spike's own

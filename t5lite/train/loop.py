@@ -151,7 +151,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       record_config(workdir, config)
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       responder = spikes_lib.Responder(config, workdir, rollbacks, checkpointer,
-                                       run.spec.abstract, open_batches)
+                                       run.spec.abstract, open_batches,
+                                       lambda: initial_state(run, reader, None, init_params)[0])
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
                          speed, history, responder)
