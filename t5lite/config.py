@@ -19,6 +19,7 @@ import ml_collections
 from t5lite import files
 from t5lite import objectives
 from t5lite import paths
+from t5lite.data import vocabulary
 from t5lite.inputs import mixture
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
@@ -328,6 +329,28 @@ def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   except ValueError as error:
     raise ValueError(f'{path}: {error}') from None
   return config
+
+
+def recorded_vocabulary(workdir: str) -> dict | None:
+  """The vocabulary `workdir` was made with, as its vocabulary.json records it (checked as
+  vocabulary.IDENTITY); None for a workdir made before t5lite recorded it (2026-12-04)."""
+  path = paths.path(workdir) / vocabulary.RECORD_FILE
+  if not path.exists():
+    return None
+  recorded = files.read_json(path)
+  files.check_schema(recorded, vocabulary.IDENTITY, files.named(path))
+  return recorded
+
+
+def check_workdir_vocabulary(config: ml_collections.ConfigDict, workdir: str,
+                             flag: str = '--workdir') -> None:
+  """Refuses, in one line naming both digests, config.data.vocabulary where `workdir` (given as
+  `flag`) was made with another vocabulary, under the same name or not: its ids would mean other
+  pieces. A workdir made before the record is not checked."""
+  recorded = recorded_vocabulary(workdir)
+  if recorded is not None:
+    vocabulary.load_vocabulary(config.data.vocabulary).check_same(
+        recorded, f'data.vocabulary={config.data.vocabulary!r}', f'{flag} {workdir}')
 
 
 def from_saved(saved: dict, where: str = 'the saved config') -> ml_collections.ConfigDict:
