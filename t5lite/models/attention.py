@@ -134,7 +134,8 @@ def kernel_for(attention: str, dtype: str, platform: str | None = None,
                platform_version: str = '') -> str:
   """The kernel 'auto' means on `platform` (a jax platform: 'gpu', 'tpu', 'cpu'; None: JAX's
   default backend): cuDNN's fused attention on NVIDIA GPUs in 16 bits (it takes no float32),
-  else XLA's. Others are themselves."""
+  else XLA's, on TPUs too until a TPU has run the flash kernel (which compiles for them: see
+  docs/tpu.md). Others are themselves."""
   if attention != 'auto':
     return attention
   if platform is None:

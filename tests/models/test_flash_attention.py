@@ -290,7 +290,7 @@ def test_the_kernels_lower_for_tpus_and_a_window_reads_only_its_tiles():
   assert lowered.as_text().count('tpu_custom_call') == 3
 
 
-@pytest.mark.slow  # 10-28 s each on 2 cores: interpret mode compiles slowly
+@pytest.mark.slow  # 10-28 s each on 2 cores, Mosaic's alike: interpret mode compiles slowly
 @pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder'])
 def test_models_with_flash_attention_match_xla_on_packed_rows(arch, backend, monkeypatch):
