@@ -8,8 +8,8 @@ bytes per device at several input lengths, and the longest input that fits; a JS
 
 libtpu compiles the real step (models, loss, optimizer, shardings) for a topology's compile-only
 devices on this CPU host, as `t5lite plan` does; its memory_analysis() is the figure. Settings:
-t5_1_1_base in bfloat16, scanned layers with remat save_dots (--remat: another), 8 rows a chip,
-128 targets, on synthetic batches. For each topology and kernel the inputs double from 512 until a step no
+t5_1_1_base in bfloat16, scanned layers with remat save_dots (--remat: another), 8 rows a chip
+(--rows), 128 targets, on synthetic batches. For each topology and kernel the inputs double from 512 until a step no
 longer fits the chip's HBM (the compiler's verdict, or its bytes): the longest input that fits is
 known to a factor of 2. A summary line per topology gives the ratios. Memory only: no speed can be
 read from a compile (cost_analysis' times are not trustworthy without the chip).
@@ -31,7 +31,7 @@ from t5lite.commands import plan as plan_lib  # noqa: E402
 
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 REPORTED = (512, 2048, 8192, 16384)  # the lengths a line is written for even past the longest
-TOPOLOGIES = ('v5e-1', 'v5p-8')  # 8 rows a chip
+TOPOLOGIES = ('v5e-1', 'v5p-8')
 REMAT = 'save_dots'  # the lines' remat policy unless they name another
 GiB = 2**30
 
@@ -88,10 +88,12 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', help='a JSON lines file to append the lines to, too')
   parser.add_argument('--preset', default='t5_1_1_base')
-  parser.add_argument('--topologies', default=','.join(TOPOLOGIES),
-                      help='comma-separated, each with 8 rows a chip')
+  parser.add_argument('--topologies', default=','.join(TOPOLOGIES), help='comma-separated')
   parser.add_argument('--lengths', default=','.join(map(str, LENGTHS)))
   parser.add_argument('--remat', default=REMAT, help='model.remat_policy')
+  parser.add_argument('--rows', type=int, default=8, help='rows a chip')
+  parser.add_argument('--attentions', default='xla,flash',
+                      help='the kernels to plan (the summary needs both)')
   args = parser.parse_args(argv)
   lengths = [int(n) for n in args.lengths.split(',')]
   reported = [n for n in REPORTED if n in lengths] or lengths
@@ -110,10 +112,12 @@ def main(argv=None) -> None:
         f.write(json.dumps(line) + '\n')
 
   for topology in topologies:
-    batch_size = 8 * topology.num_devices
+    batch_size = args.rows * topology.num_devices
     longest = {attention: sweep(args.preset, topology.name, attention, batch_size, args.remat,
-                                lengths, reported, write) for attention in ('xla', 'flash')}
-    write(summary(lines, args.preset, topology.name, args.remat, longest))
+                                lengths, reported, write)
+               for attention in args.attentions.split(',')}
+    if len(longest) == 2:
+      write(summary(lines, args.preset, topology.name, args.remat, longest))
 
 
 def summary(lines: list[dict], preset: str, topology: str, remat: str, longest: dict) -> dict:

@@ -45,7 +45,7 @@ def test_flash_is_refused_in_one_line_on_tpu_v3_which_it_does_not_compile_for():
     run_lib.check_flash_compiles(device_of('v3:2x2', {}))
 
 
-@pytest.mark.slow  # 3-5 minutes each on 2 busy cores: libtpu compiles the whole step
+@pytest.mark.slow  # 4-5 minutes each on 2 busy cores (load 9-23): libtpu compiles the whole step
 @pytest.mark.parametrize('topology', ['v5e-1', 'v5p-8', 'v6e-1'])
 def test_a_t5_1_1_base_step_with_the_flash_kernels_compiles_for_tpus(topology):
   """The train step of t5_1_1_base (bfloat16, scanned, save_dots; 8 rows a chip of 512/114
