@@ -114,7 +114,12 @@ class Run:
             f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
       saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
       teacher_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
-      distillation.check_teacher(teacher_cfg, saved.data.vocabulary, self.model_cfg, config)
+      # a teacher that records its vocabulary is checked by content, an older one by name
+      recorded = config_lib.recorded_vocabulary(config.train.teacher_workdir)
+      config_lib.check_workdir_vocabulary(config, config.train.teacher_workdir,
+                                          'train.teacher_workdir')
+      distillation.check_teacher(teacher_cfg, None if recorded else saved.data.vocabulary,
+                                 self.model_cfg, config)
       spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, self.mesh, self.rules)
       params = (checkpointer.restore_params(step, spec.abstract.params) if restore
                 else spec.abstract.params)
