@@ -29,6 +29,15 @@ T5_1_0 = dict(activation='relu', tie_embeddings=True, norm='rms', norm_position=
               position='t5_relative', use_bias=False, dropout=0.1)
 # T5 v1.1: gated-GELU FFN, untied lm head, no dropout in pretraining.
 T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0)
+# ByT5 (Xue et al. 2022): T5 v1.1 over UTF-8 bytes (384 ids, no model file), span corruption of
+# 20-byte spans on average at 1,024 inputs; its encoder three times as deep as its decoder.
+BYT5_DATA = dict(vocabulary='bytes', inputs_length=1024, targets_length=189,
+                 mean_noise_span_length=20.0)
+# mT5 (Xue et al. 2021) and UMT5 (Chung et al. 2023): T5 v1.1 at 1,024 inputs over a
+# multilingual SentencePiece vocabulary the user brings (mT5's: 250,000 pieces + 100 sentinels,
+# padded; UMT5's: 256,000 + 300)
+MT5_DATA = dict(inputs_length=1024, targets_length=229)
+MT5_VOCAB_SIZE, UMT5_VOCAB_SIZE = 250_112, 256_384
 # BERT (Devlin et al. 2019), also RoBERTa's and BART's layers: post-LN, GELU, learned positions,
 # LayerNorm over the embeddings, biases, tied output embedding.
 BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-12,
@@ -52,7 +61,9 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.source = 'bundled'
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
-  data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
+  # bundled | bytes (ByT5's UTF-8 bytes, no model file) | path to a SentencePiece .model
+  # (sentinels are appended)
+  data.vocabulary = 'bundled'
   # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra | seq2seq_lm
   # (t5lite/objectives)
   data.objective = 'span_corruption'

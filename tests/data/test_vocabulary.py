@@ -7,7 +7,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from t5lite import cli
-from t5lite.data import vocabulary
+from t5lite.data import spm_training, vocabulary
 from t5lite.objectives import ul2
 
 
@@ -42,13 +42,13 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   corpus.write_text('\n\n'.join(f'Document {i} speaks of ships, whales and {i * 7} sailors.'
                                 for i in range(300)))
-  path = vocabulary.train_tokenizer([str(corpus)], 60, str(tmp_path / 'spm'))
+  path = spm_training.train_tokenizer([str(corpus)], 60, str(tmp_path / 'spm'))
   vocab = vocabulary.load_vocabulary(path)
   assert (vocab.num_pieces, vocab.vocab_size, vocab.sentinel_id(0)) == (60, 160, 159)
   assert vocab.decode(vocab.encode('ships and whales')) == 'ships and whales'
   with pytest.raises(ValueError, match=r'^--vocab_size=50000 does not fit --input .*: '
                      r'Vocabulary size too high \(50000\)'):
-    vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
+    spm_training.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
 
 
 def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
