@@ -345,7 +345,7 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
 
 
 def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
-  tokenizer.add_argument('--input', required=True, nargs='+',
+  tokenizer.add_argument('--input', required=True, nargs='+', action='extend',
                          help='text files; several are a mixture of corpora (languages) for '
                          '--alpha')
   tokenizer.add_argument('--vocab_size', type=int,
