@@ -83,6 +83,11 @@ def _data_defaults() -> ml_collections.ConfigDict:
   # left out are data's}, e.g. --config.data.mixture.web.source=stores/web
   # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/inputs/mixture.py).
   data.mixture = ml_collections.ConfigDict()
+  # How the components' rates are made (t5lite/inputs/mixture.py): weights (their weights) | size
+  # (weight, 1 if left out, x the train tokens of the component's token store ** mixture_alpha:
+  # mT5's language sampling)
+  data.mixture_rule = 'weights'
+  data.mixture_alpha = 0.3  # in (0, 1]: 1 in proportion to size, toward 0 alike (mT5: 0.3)
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
   # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and
   # target texts, and its columns / JSON keys; '' pretrains on `source`.
@@ -223,7 +228,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_mesh_sizes([config.mesh[name] for name in group],
                      ' '.join(f'mesh.{name}={config.mesh[name]}' for name in group))
   objectives.check_settings(data, 'config.data')
-  mixture.check_components(data.mixture)
+  mixture.check_rule(data)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')
