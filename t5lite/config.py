@@ -53,6 +53,27 @@ def base_config() -> ml_collections.ConfigDict:
       **_optim_mesh_checkpoint_defaults()))
 
 
+def byt5(**shape: int) -> ml_collections.ConfigDict:
+  """ByT5 of `shape` (d_model, d_ff, num_heads, the layers): T5 v1.1 over 384 byte ids with
+  ByT5's data (BYT5_DATA)."""
+  config = base_config()
+  config.model.update(T5_1_1, vocab_size=384, d_kv=64, **shape)
+  config.data.update(BYT5_DATA)
+  return config
+
+
+def multilingual(t5_1_1_preset: str, per_layer_bias: bool = False) -> ml_collections.ConfigDict:
+  """mT5 at the shape of a T5 v1.1 preset ('t5_1_1_base'), its sizes being T5 v1.1's: mT5's
+  vocabulary and lengths, exported as MT5; with `per_layer_bias`, UMT5: a bias table in every
+  layer, UMT5's vocabulary."""
+  config = load(t5_1_1_preset)
+  config.model.update(vocab_size=UMT5_VOCAB_SIZE if per_layer_bias else MT5_VOCAB_SIZE,
+                      relative_bias_per_layer=per_layer_bias,
+                      hf_model_type='' if per_layer_bias else 'mt5')
+  config.data.update(MT5_DATA)
+  return config
+
+
 def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()

@@ -1,24 +1,12 @@
 """ByT5 base (582M parameters): T5 v1.1 over UTF-8 bytes, 18 encoder layers and 6 decoder.
 
-ByT5 (Xue et al. 2022): the byte vocabulary (data.vocabulary='bytes', no model file), span
-corruption of 20 bytes a span on average at 1,024 inputs.
-
-  t5lite train --config=byt5_base --workdir=runs/byt5_base
+  t5lite train --config=byt5_base --workdir=runs/byt5_base \
+      --config.data.source=stores/bytes
 """
 
 from t5lite import config as t5config
 
 
 def get_config():
-  config = t5config.base_config()
-  config.model.update(
-      t5config.T5_1_1,
-      vocab_size=384,
-      d_model=1536,
-      d_ff=3968,
-      num_heads=12,
-      d_kv=64,
-      num_encoder_layers=18,
-      num_decoder_layers=6)
-  config.data.update(t5config.BYT5_DATA)
-  return config
+  return t5config.byt5(d_model=1536, d_ff=3968, num_heads=12,
+                       num_encoder_layers=18, num_decoder_layers=6)

@@ -1,24 +1,12 @@
 """ByT5 xl (3.74B parameters): T5 v1.1 over UTF-8 bytes, 36 encoder layers and 12 decoder.
 
-ByT5 (Xue et al. 2022): the byte vocabulary (data.vocabulary='bytes', no model file), span
-corruption of 20 bytes a span on average at 1,024 inputs.
-
-  t5lite train --config=byt5_xl --workdir=runs/byt5_xl
+  t5lite train --config=byt5_xl --workdir=runs/byt5_xl \
+      --config.data.source=stores/bytes
 """
 
 from t5lite import config as t5config
 
 
 def get_config():
-  config = t5config.base_config()
-  config.model.update(
-      t5config.T5_1_1,
-      vocab_size=384,
-      d_model=2560,
-      d_ff=6720,
-      num_heads=32,
-      d_kv=64,
-      num_encoder_layers=36,
-      num_decoder_layers=12)
-  config.data.update(t5config.BYT5_DATA)
-  return config
+  return t5config.byt5(d_model=2560, d_ff=6720, num_heads=32,
+                       num_encoder_layers=36, num_decoder_layers=12)

@@ -1,26 +1,15 @@
-"""mT5 xl (3.74B parameters): T5 v1.1 with a 250,112-id multilingual vocabulary.
+"""mT5 xl (3.74B parameters): T5 v1.1 xl with mT5's 250,112-id vocabulary.
 
-mT5 (Xue et al. 2021); bring its SentencePiece model, or train one on your corpora
-(`t5lite tokenizer --alpha=0.3 --character_coverage=0.99999`), and mix the languages by
-size (data.mixture_rule='size', data.mixture_alpha=0.3). Exports as MT5ForConditionalGeneration.
+Bring its SentencePiece model, or train one on your corpora (`t5lite tokenizer --alpha=0.3
+--character_coverage=0.99999`), and mix the languages by size (data.mixture_rule='size').
+Exports as MT5ForConditionalGeneration.
 
-  t5lite train --config=mt5_xl --workdir=runs/mt5_xl
+  t5lite train --config=mt5_xl --workdir=runs/mt5_xl \
+      --config.data.vocabulary=spm/vocab.model
 """
 
 from t5lite import config as t5config
 
 
 def get_config():
-  config = t5config.base_config()
-  config.model.update(
-      t5config.T5_1_1,
-      vocab_size=t5config.MT5_VOCAB_SIZE,
-      hf_model_type='mt5',
-      d_model=2048,
-      d_ff=5120,
-      num_heads=32,
-      d_kv=64,
-      num_encoder_layers=24,
-      num_decoder_layers=24)
-  config.data.update(t5config.MT5_DATA)
-  return config
+  return t5config.multilingual('t5_1_1_xl')

@@ -1,25 +1,13 @@
-"""UMT5 xxl (13.0B parameters): mT5 with a relative position bias in every layer.
+"""UMT5 xxl (13.0B parameters): T5 v1.1 xxl with a relative position bias in every layer
+and UMT5's 256,384-id vocabulary (Chung et al. 2023). Exports as
+UMT5ForConditionalGeneration.
 
-UMT5 (Chung et al. 2023, UniMax): T5 v1.1 whose every layer has its own relative position
-bias, over a 256,384-id vocabulary. Exports as UMT5ForConditionalGeneration.
-
-  t5lite train --config=umt5_xxl --workdir=runs/umt5_xxl
+  t5lite train --config=umt5_xxl --workdir=runs/umt5_xxl \
+      --config.data.vocabulary=spm/vocab.model
 """
 
 from t5lite import config as t5config
 
 
 def get_config():
-  config = t5config.base_config()
-  config.model.update(
-      t5config.T5_1_1,
-      vocab_size=t5config.UMT5_VOCAB_SIZE,
-      relative_bias_per_layer=True,
-      d_model=4096,
-      d_ff=10240,
-      num_heads=64,
-      d_kv=64,
-      num_encoder_layers=24,
-      num_decoder_layers=24)
-  config.data.update(t5config.MT5_DATA)
-  return config
+  return t5config.multilingual('t5_1_1_xxl', per_layer_bias=True)
