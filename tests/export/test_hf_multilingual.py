@@ -198,3 +198,14 @@ def test_import_of_a_byt5_folder_trains_on_bytes(exported, tmp_path, capsys):
       'mean_noise_span_length': 20.0}
   assert json.loads((workdir / vocabulary.RECORD_FILE).read_text()) == BYTES.identity('bytes')
   assert not (workdir / 'spiece.model').exists()
+
+
+def test_the_byte_vocabulary_exports_only_for_models_that_read_text_as_t5():
+  """ByT5Tokenizer ends a text in EOS: GPT-2's start token or BERT's [CLS] it cannot add."""
+  from t5lite.export.tokenizer import BYTE_FILES, files_written
+  from t5lite.models.hf_mapping import CAUSAL_TEXT, MASKED_TEXT
+  assert files_written('bytes', T5_TEXT) == BYTE_FILES == ('tokenizer_config.json',)
+  for text in (CAUSAL_TEXT, MASKED_TEXT):
+    with pytest.raises(ValueError, match="^data.vocabulary='bytes' exports as ByT5Tokenizer, "
+                       "which reads a text as T5 does"):
+      files_written('bytes', text)
