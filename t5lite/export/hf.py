@@ -87,7 +87,8 @@ def _write_model(flat: dict[tuple, Any], cfg: ModelConfig, hf: HfModel, out_dir:
     raise ValueError(f'params have no {"/".join(map(str, absent[0]))}; are they of this config?')
   tensors = {}
   for name, rows in _by_tensor(table).items():
-    parts = [_to_hf(flat[row.path], row) for row in rows]
+    parts = [_to_hf(flat[row.path] if row.index is None else flat[row.path][row.index], row)
+             for row in rows]
     tensors[name] = np.ascontiguousarray(np.concatenate(parts, axis=_output_axis(rows[0])))
   if hf.extra:
     tensors.update(hf.extra(cfg))
@@ -230,10 +231,15 @@ def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, n
   flat = {}
   for name, rows in by_tensor.items():
     try:
-      values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+      values = _our_parts(name, tensors[name], rows,
+                          [shapes[row.path].shape[row.index is not None:] for row in rows])
     except ValueError as error:
       raise ValueError(f'{weights}: {error}') from None
-    flat.update((row.path, value) for row, value in zip(rows, values))
+    for row, value in zip(rows, values):
+      if row.index is None:
+        flat[row.path] = value
+      else:  # one entry (an expert) of the param
+        flat.setdefault(row.path, np.zeros(shapes[row.path].shape, np.float32))[row.index] = value
   return flat
 
 

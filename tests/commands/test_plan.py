@@ -66,8 +66,9 @@ def test_bad_topology_is_one_line(text, match):
 
 
 @pytest.mark.parametrize('topology, overrides, match', [
-    ('v4-32', ['mesh.fsdp=3'], 'v4-32: mesh.data=-1 mesh.fsdp=3 mesh.tensor=1 does not fit 16'),
-    ('v5e-64', [], r'data.batch_size=32 is not divisible by mesh.data\*mesh.fsdp=64'),
+    ('v4-32', ['mesh.fsdp=3'],
+     'v4-32: mesh.data=-1 mesh.fsdp=3 mesh.expert=1 mesh.tensor=1 does not fit 16'),
+    ('v5e-64', [], r'data.batch_size=32 is not divisible by mesh.data\*mesh.fsdp\*mesh.expert=64'),
     ('8xH100', ['mesh.tensor=8'], r'model.num_heads=4 is not divisible by mesh.tensor=8'),
     ('cpu:4', ['mesh.data=8'], 'cpu:4: mesh.data=8 .* does not fit 4 devices'),
     ('cpu:1', ['train.microbatches=5'], 'train.microbatches=5 must divide data.batch_size=32'),
@@ -123,7 +124,7 @@ def test_t5_1_1_base_is_replicated_and_fits(topology, attention, devices, peak, 
   attention and with cuDNN's."""
   result = analytic_plan('t5_1_1_base', topology, f'model.attention={attention}')
   memory = result['analytic']
-  assert result['mesh'] == {'data': devices, 'fsdp': 1, 'tensor': 1}
+  assert result['mesh'] == {'data': devices, 'fsdp': 1, 'expert': 1, 'tensor': 1}
   assert 247e6 < result['num_params'] < 249e6  # T5 v1.1 base
   assert memory['params'] == memory['gradients'] == result['num_params'] * 4  # float32, replicated
   assert result['fits'] and memory['total'] == result['memory_per_device'] < 32 * GiB
@@ -145,7 +146,7 @@ def test_t5_1_1_xxl_fits_a_16_gib_v5e_chip_only_when_sharded():
   total_bytes = replicated['num_params'] * 4
   assert 11.1e9 < replicated['num_params'] < 11.2e9
   assert replicated['analytic']['params'] == total_bytes and not replicated['fits']
-  assert sharded['mesh'] == {'data': 1, 'fsdp': 256, 'tensor': 1}
+  assert sharded['mesh'] == {'data': 1, 'fsdp': 256, 'expert': 1, 'tensor': 1}
   # Every large kernel splits its d_model dimension 256 ways; only the tiny relative position
   # tables stay whole.
   assert total_bytes / 256 <= sharded['analytic']['params'] < 1.001 * total_bytes / 256
@@ -247,7 +248,7 @@ def test_two_h100_nodes_send_the_gradients_all_reduce_over_dcn():
   InfiniBand a step, an eighth from each GPU's 400 Gb/s port."""
   result = analytic_plan('t5_1_1_base', '2x8xH100', 'mesh.dcn_data=2', 'model.scan_layers=True')
   net = result['network']
-  assert result['mesh'] == {'data': 16, 'fsdp': 1, 'tensor': 1}
+  assert result['mesh'] == {'data': 16, 'fsdp': 1, 'expert': 1, 'tensor': 1}
   assert net['param_bytes'] == 4 * result['num_params'] == pytest.approx(990e6, rel=0.01)
   assert net['dcn_per_slice'] == net['param_bytes']
   assert net['dcn_per_device'] == net['param_bytes'] / 8
@@ -262,7 +263,7 @@ def test_dcn_fsdp_adds_the_parameter_gathers_across_slices():
   result = analytic_plan('t5_1_1_base', '4xv5p-128', 'mesh.dcn_data=2', 'mesh.dcn_fsdp=2',
                          'mesh.fsdp=2', 'data.batch_size=256', 'model.scan_layers=True')
   net = result['network']
-  assert result['mesh'] == {'data': 64, 'fsdp': 4, 'tensor': 1}
+  assert result['mesh'] == {'data': 64, 'fsdp': 4, 'expert': 1, 'tensor': 1}
   assert net['dcn_per_slice'] == pytest.approx(1.5 * net['param_bytes'])
   assert net['dcn_per_device'] == pytest.approx(1.5 * net['param_bytes'] / 64)
   text = plan_lib.format_plan(result)
