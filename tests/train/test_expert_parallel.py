@@ -2,16 +2,18 @@
 losses and gradients of one device, the tokens reach their experts by all-to-all, and a
 checkpoint saved on one expert layout restores on another bit for bit."""
 
+import types
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from t5lite import cli
 from t5lite import config as config_lib
-from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import run as run_lib
+from test_loop import SMALL, saved_params
 
 BATCH, INPUTS, TARGETS, VOCAB = 8, 16, 8, 128
 
@@ -67,6 +69,7 @@ def one_device():
   return loss_and_grads(mesh_run(moe_config()))
 
 
+@pytest.mark.slow  # 17-24 s on 2 cores, and 32 s for the one-device fixture
 @pytest.mark.parametrize('data, expert', [(2, 4), (1, 8)])
 def test_expert_axis_gives_one_devices_losses_and_gradients(one_device, data, expert):
   value, metrics, grads, _, params = one_device
@@ -83,3 +86,28 @@ def test_expert_axis_gives_one_devices_losses_and_gradients(one_device, data, ex
                jax.tree.map(np.asarray, split_grads), jax.tree.map(np.asarray, grads))
   assert 'all-to-all' in hlo
   assert 'all-to-all' not in one_device[3]
+
+
+@pytest.mark.slow  # 53 s on 2 cores
+def test_a_checkpoint_restores_on_other_expert_layouts_bit_for_bit(tmp_path):
+  """Trained 2 steps with the experts over 4 devices (data 2); restored with them over 2 (data
+  4), and on one device: the same bits, each expert's weights whole on the devices holding it."""
+  workdir = str(tmp_path / 'run')
+  flags = [*SMALL, '--config.data.source=synthetic', '--config.model.num_experts=8',
+           '--config.model.encoder_sparse_step=1', '--config.model.decoder_sparse_step=1',
+           '--config.train.steps=2', '--config.checkpoint.every_steps=2']
+  assert cli.main(['train', f'--workdir={workdir}', *flags, '--config.mesh.data=2',
+                   '--config.mesh.expert=4']) == 0
+  saved = saved_params(workdir, 2)
+  for mesh, devices in ((dict(data=4, expert=2), 8), (dict(data=1, expert=1), 1)):
+    config = cli.load_run_config(types.SimpleNamespace(workdir=workdir),
+                                 [f'--config.mesh.{k}={v}' for k, v in mesh.items()])
+    run = run_lib.make_run(config, mesh_lib.make_mesh(config.mesh, jax.devices()[:devices]))
+    _, params = run.restore_params(workdir, step=2)
+    wi = params['encoder']['layers'][0]['mlp']['wi_0'].get_value()
+    assert wi.sharding.shard_shape(wi.shape)[0] == 8 // mesh['expert']
+    restored = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))[0]
+    assert len(restored) == len(saved)
+    for path, leaf in restored:
+      name = '/' + '/'.join(str(key.key) for key in path) + '/value'
+      np.testing.assert_array_equal(np.asarray(leaf), saved[name], err_msg=name)
