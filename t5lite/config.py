@@ -106,6 +106,9 @@ def _train_defaults() -> ml_collections.ConfigDict:
   train.distill_alpha = 0.5  # weight of the hard-label loss; 1 - alpha weighs T^2 KL to teacher
   train.distill_temperature = 2.0  # T: both softmaxes are taken of logits / T
   train.distill_hidden_weight = 0.0  # cosine loss between final hidden states (same d_model)
+  # Sparse upcycling (t5lite/train/upcycle.py): a dense workdir whose latest parameters start
+  # this run with experts, each a copy of its layer's MLP; '' starts from a random init.
+  train.upcycle_workdir = ''
   train.spikes = _spikes_defaults()
   return train
 

@@ -17,6 +17,7 @@ ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
+EXPERT_WEIGHTS = ('probability', 'normalized')
 TYPE_NAMES = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string'}
 
 
@@ -86,6 +87,10 @@ class ModelConfig:
   expert_group_size: int = 0  # tokens routed together, at most; 0: a row (Hugging Face's)
   expert_dropless: bool = False  # no capacity: every token reaches its experts (ragged matmuls)
   router_jitter: float = 0.01  # training multiplies the router's input by U(1 - j, 1 + j)
+  # What an expert's output is weighed by: its router probability (Switch, Hugging Face's) |
+  # normalized, divided by the sum over the token's top k (GShard; with top-1 a weight of 1, and
+  # a router learnt from its losses alone): an upcycled model then starts as the dense one
+  expert_weights: str = 'probability'
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # a value read from a JSON file may be of any type
@@ -106,6 +111,7 @@ class ModelConfig:
     choice('attention', ATTENTIONS)
     choice('remat_policy', REMAT_POLICIES)
     choice('mlm_transform', MLM_TRANSFORMS)
+    choice('expert_weights', EXPERT_WEIGHTS)
     choice('dtype', DTYPES)
     choice('param_dtype', DTYPES)
     for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length',

@@ -120,7 +120,14 @@ def top_choices(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Ar
   return probs, top_probs, top_experts
 
 
-def route(logits: jax.Array, k: int, slots: int) -> Routing:
+def expert_weights(top_probs: jax.Array, how: str) -> jax.Array:
+  """What each chosen expert's output is weighed by (model.expert_weights), (..., k)."""
+  if how == 'normalized':
+    return top_probs / jnp.sum(top_probs, axis=-1, keepdims=True)
+  return top_probs
+
+
+def route(logits: jax.Array, k: int, slots: int, weights: str = 'probability') -> Routing:
   """Top-k token-choice routing of router logits (n, G, E) into `slots` per expert and group."""
   n, g, e = logits.shape
   probs, top_probs, top_experts = top_choices(logits, k)
@@ -132,7 +139,7 @@ def route(logits: jax.Array, k: int, slots: int) -> Routing:
   kept = choice * (position < slots)
   slot = jax.nn.one_hot(position, slots, dtype=jnp.float32) * kept[..., None]  # (n, G, k, E, C)
   dispatch = jnp.sum(slot, axis=2)  # (n, G, E, C)
-  combine = jnp.einsum('ngkec,ngk->ngec', slot, top_probs)
+  combine = jnp.einsum('ngkec,ngk->ngec', slot, expert_weights(top_probs, weights))
   load = jnp.sum(kept, axis=(0, 1, 2)).astype(jnp.float32)
   return Routing(dispatch, combine, router_sums(logits, probs, top_probs, choice, load))
 
@@ -178,7 +185,7 @@ class SparseMLP(nnx.Module):
       y, sums = self._dropless(h, logits, deterministic, rngs)
     else:
       routing = route(logits, self.cfg.expert_top_k,
-                      capacity(self.cfg, g, train=not deterministic))
+                      capacity(self.cfg, g, train=not deterministic), self.cfg.expert_weights)
       y, sums = self._with_capacity(h, routing, deterministic, rngs), routing.sums
     if hasattr(self, '__captures__'):  # inside nnx.capture; outside, sow would keep it for good
       self.sow(RouterStats, 'routing', sums)
@@ -214,7 +221,8 @@ class SparseMLP(nnx.Module):
     flat = h.reshape(-1, h.shape[-1])  # (n, G, d) -> (n*G, d)
     out = self._experts(flat[token], lambda x, w: jax.lax.ragged_dot(x, w, sizes),
                         deterministic, rngs)  # (n*G*k, d)
-    weighted = out * top_probs.reshape(-1)[order][:, None].astype(out.dtype)
+    weights = expert_weights(top_probs, self.cfg.expert_weights).reshape(-1)[order]
+    weighted = out * weights[:, None].astype(out.dtype)
     y = jnp.zeros_like(flat).at[token].add(weighted).reshape(h.shape)
     choice = jax.nn.one_hot(top_experts, e, dtype=jnp.int32)  # (n, G, k, E)
     return y, router_sums(logits, probs, top_probs, choice, sizes.astype(jnp.float32))
@@ -222,8 +230,10 @@ class SparseMLP(nnx.Module):
   def _experts(self, x, matmul: Callable[[jax.Array, jax.Array], jax.Array], deterministic,
                rngs) -> jax.Array:
     """Each expert's MLP over its tokens; matmul(x, weights (E, d_in, d_out))."""
-    def weights(name):
-      return getattr(self, name)[...].astype(x.dtype)
+    def weights(name):  # gathered over fsdp, as FSDP gathers a dense layer's (else XLA may
+      # gather the tokens' slots instead, in the backward pass)
+      axes = ('expert', 'mlp', None) if name == 'wo' else ('expert', None, 'mlp')
+      return constrain(getattr(self, name)[...].astype(x.dtype), axes)
 
     if self.cfg.is_gated:
       h = self.act(matmul(x, weights('wi_0'))) * matmul(x, weights('wi_1'))

@@ -44,9 +44,10 @@ def hf_model(t5: HfModel) -> HfModel:
 
   def check(cfg: ModelConfig) -> None:
     t5.check(cfg)
-    if cfg.is_gated or cfg.expert_top_k != 1:
-      raise ValueError(f'export supports Switch Transformers with top-1 routing and an ungated '
-                       f'activation; got expert_top_k={cfg.expert_top_k}, {cfg.activation}')
+    if cfg.is_gated or cfg.expert_top_k != 1 or cfg.expert_weights != 'probability':
+      raise ValueError(f'export supports Switch Transformers with top-1 routing, an ungated '
+                       f'activation and expert_weights=probability; got expert_top_k='
+                       f'{cfg.expert_top_k}, {cfg.activation}, {cfg.expert_weights}')
     steps = experts.sparse_steps(cfg)
     for stack, (n, sparse) in sparse_counts(cfg).items():
       ours = [experts.is_sparse(i, steps[stack]) for i in range(n)]

@@ -104,23 +104,32 @@ class Run:
     """The latest parameters of `train.teacher_workdir`, read-only, placed on this run's mesh;
     restore=False gives their shapes and shardings alone (`t5lite plan`). Checks first that the
     teacher can teach this student, with one line if not."""
+    def check(teacher_cfg, saved):
+      distillation.check_teacher(teacher_cfg, saved.data.vocabulary, self.model_cfg,
+                                 self.config)
+    teacher_cfg, spec, params = self.load_other('teacher_workdir', check, restore=restore)
+    return distillation.Teacher(teacher_cfg, spec.graphdef, spec.non_params, params)
+
+  def load_other(self, setting: str, check, *, restore: bool = True):
+    """(model config, state spec, parameters) of the latest checkpoint of another workdir,
+    `train.<setting>`, read-only, placed on this run's mesh, once `check(model_cfg, saved
+    config)` has passed; restore=False: their shapes and shardings alone."""
     config = self.config
-    checkpointer = checkpoint_lib.Checkpointer(config.train.teacher_workdir, config.checkpoint,
+    checkpointer = checkpoint_lib.Checkpointer(config.train[setting], config.checkpoint,
                                                read_only=True)
     try:
       step = checkpointer.latest_step()
       if step is None:
-        raise FileNotFoundError(
-            f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
+        raise FileNotFoundError(f'train.{setting}: no checkpoint in {checkpointer.directory}')
       saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
-      teacher_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
-      distillation.check_teacher(teacher_cfg, saved.data.vocabulary, self.model_cfg, config)
-      spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, self.mesh, self.rules)
+      model_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
+      check(model_cfg, saved)
+      spec = state_lib.state_spec(model_cfg, optax.identity(), 0, self.mesh, self.rules)
       params = (checkpointer.restore_params(step, spec.abstract.params) if restore
                 else spec.abstract.params)
     finally:
       checkpointer.close()
-    return distillation.Teacher(teacher_cfg, spec.graphdef, spec.non_params, params)
+    return model_cfg, spec, params
 
 
 def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,

@@ -353,3 +353,32 @@ def test_dcn_fsdp_compiled_sends_less_than_the_analytic_count():
   assert net['dcn_per_device'] == pytest.approx(net['param_bytes'] / 4)
   assert 0.8 * net['dcn_per_device'] < net['hlo']['dcn'] < net['dcn_per_device']
   assert 0.8 * net['ici_per_device'] < net['hlo']['ici'] < net['ici_per_device']
+
+
+SMALL_SWITCH = ('data.batch_size=16', 'model.d_model=64', 'model.d_ff=128', 'model.num_heads=2',
+                'model.d_kv=32')
+
+
+def test_switch_base_128_keeps_a_sixteenth_of_its_experts_a_chip():
+  """128 experts over mesh.expert=16 of a v4-32's 16 chips: 8 a device; the rest replicated."""
+  result = analytic_plan('switch_base_128', 'v4-32', 'mesh.data=1', 'mesh.expert=16')
+  experts = result['experts']
+  assert experts['param_bytes'] == 4 * 128 * 12 * 2 * 768 * 3072  # 12 sparse layers of 128
+  assert experts['per_device'] == experts['param_bytes'] / 16
+  dense = 4 * result['num_params'] - experts['param_bytes']
+  assert result['analytic']['params'] == pytest.approx(dense + experts['per_device'], rel=1e-6)
+  text = plan_lib.format_plan(result)
+  assert 'experts: 128 a sparse layer over mesh.expert=16, their parameters 1.69 GiB a device' in text
+
+
+@pytest.mark.slow  # 54 s on 2 cores
+def test_all_to_all_bytes_of_the_compiled_step_are_the_analytic_ones():
+  """switch_tiny shrunk, top-2 in groups of 64 tokens, on 8 CPU devices as data 4 x expert 2:
+  per sparse layer 2 all-to-alls forward (the slots to their experts and back), 3 backward (their
+  gradients, and that of the combine weights on the way to the router): what the compiled step
+  holds, byte for byte."""
+  result = plan_lib.plan(load('switch_tiny', *SMALL_SWITCH, 'mesh.data=4', 'mesh.expert=2',
+                              'model.expert_group_size=64', 'model.expert_top_k=2'), 'cpu:8')
+  net = result['network']
+  assert net['all_to_all_per_device'] == net['hlo']['all_to_all'] == 1_010_112
+  assert 'all-to-all 1.0 MB a device a step (compiled HLO: 1.0 MB)' in plan_lib.format_plan(result)

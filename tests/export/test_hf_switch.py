@@ -148,8 +148,10 @@ def test_import_refuses_a_router_or_activation_of_another_kind(imported, overrid
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (dict(expert_top_k=2), 'top-1 routing and an ungated activation; got expert_top_k=2'),
-    (dict(activation='gated-gelu'), 'got expert_top_k=1, gated-gelu'),
+    (dict(expert_top_k=2), 'top-1 routing, an ungated activation and expert_weights=probability; '
+     'got expert_top_k=2'),
+    (dict(activation='gated-gelu'), 'got expert_top_k=1, gated-gelu, probability'),
+    (dict(expert_weights='normalized'), 'got expert_top_k=1, gelu, normalized'),
     (dict(num_encoder_layers=7, encoder_sparse_step=4), 'places 2 sparse layers of 7 otherwise '
      'than model.encoder_sparse_step=4'),
 ])
