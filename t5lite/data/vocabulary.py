@@ -20,6 +20,7 @@ name only ('bundled'), not by digest as a token store does.
 """
 
 import functools
+import hashlib
 import importlib.resources
 import io
 import os
@@ -41,6 +42,13 @@ MODE_TOKENS = ('[NLU]', '[NLG]', '[S2S]')  # UL2's (t5lite/objectives/ul2.py), o
 SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'
 VOCAB_FILE = 'vocab.model'  # what `train_tokenizer` writes in its folder
+# What a workdir records of the vocabulary it was made with: the same as a token store's
+# manifest holds (data/store.py), its name, the SHA-256 of its model and its ids
+RECORD_FILE = 'vocabulary.json'
+IDENTITY = {'name': str,
+            'sha256': files.Field(str, lambda h: re.fullmatch('[0-9a-f]{64}', h) is not None,
+                                  'a SHA-256 (64 hex digits)'),
+            'size': files.Field(int, lambda n: n > 0, 'a size (at least 1)')}
 
 _SENTINEL = re.compile(r'<extra_id_(\d+)>')
 # SentencePiece trains on "sentences" and skips long ones; whole speeches are single lines.
@@ -64,6 +72,21 @@ class Vocabulary:
                        'train one with `t5lite tokenizer`')
     self.num_pieces = self._sp.get_piece_size()
     self.vocab_size = self.num_pieces + NUM_SENTINELS
+    # what the vocabulary is, whatever its path: a model retrained under the same name is another
+    self.digest = hashlib.sha256(model_proto).hexdigest()
+
+  def identity(self, name: str) -> dict:
+    """What a workdir or a token store records of the vocabulary it was made with (IDENTITY)."""
+    return {'name': name, 'sha256': self.digest, 'size': self.vocab_size}
+
+  def check_same(self, recorded: dict, name: str, made: str) -> None:
+    """Refuses this vocabulary (`name`: how the user gave it) where `made` (a workdir, a store)
+    was made with the `recorded` one, in one line naming both digests."""
+    if recorded['sha256'] != self.digest:
+      raise ValueError(
+          f'{made} was made with the vocabulary {recorded["name"]!r} (sha256 '
+          f'{recorded["sha256"][:12]}), and {name} is another (sha256 {self.digest[:12]}): its '
+          'ids would mean other pieces; give the vocabulary it was made with')
 
   def sentinel_id(self, n: int) -> int:
     """Id of `<extra_id_n>`: T5 counts sentinels down from the last id."""

@@ -29,9 +29,9 @@ def start(run: run_lib.Run):
   if not run.model_cfg.num_experts:
     raise ValueError(f'{where} upcycles a dense run into experts; set model.num_experts')
 
-  def check(dense_cfg, saved):
-    if saved.data.vocabulary != config.data.vocabulary:
-      raise ValueError(f'{where} was trained on vocabulary {saved.data.vocabulary!r}, this run '
+  def check(dense_cfg, vocabulary_name):
+    if vocabulary_name not in (None, config.data.vocabulary):
+      raise ValueError(f'{where} was trained on vocabulary {vocabulary_name!r}, this run '
                        f'reads {config.data.vocabulary!r}')
     if dense_cfg.num_experts:
       raise ValueError(f'{where} holds a model with experts already; upcycle a dense one')

@@ -350,7 +350,9 @@ def test_a_run_with_another_vocabulary_is_refused_before_anything_is_written(
                  f'--config.data.vocabulary={model}')
   err = capsys.readouterr().err
   assert status == 2 and len(err.splitlines()) == 1, err
-  assert "was prepared with the vocabulary 'bundled'" in err
+  made, given = store.Store(bundled_store).vocabulary['sha256'], vocabulary.load_vocabulary(model)
+  assert f"was made with the vocabulary 'bundled' (sha256 {made[:12]})" in err, err
+  assert f'(sha256 {given.digest[:12]})' in err, err
   assert not (tmp_path / 'run').exists()
 
 
