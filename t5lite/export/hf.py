@@ -1,7 +1,8 @@
 """Hugging Face export and import: config.json + model.safetensors.
 
 What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5 and
-BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration), GPT-2 decoders
+BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration) and T5 with
+sparse experts (SwitchTransformersForConditionalGeneration, models/switch.py), GPT-2 decoders
 (GPT2LMHeadModel), encoders with HF's MLM head (BertForPreTraining, BertForMaskedLM,
 RobertaForMaskedLM) and ELECTRA (ElectraForPreTraining, its generator as ElectraForMaskedLM in
 the subfolder `generator/`) go both ways; BERT with next-sentence prediction but our plain MLM
@@ -159,8 +160,8 @@ def _sharded_files(index) -> list[str]:
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2, BERT,
-  RoBERTa, ELECTRA), with the models of the run in its subfolders (an ELECTRA discriminator's
+  """(ModelConfig, params) of an HF folder of a model that imports (T5, Switch, BART, GPT-2,
+  BERT, RoBERTa, ELECTRA), with the models of the run in its subfolders (an ELECTRA discriminator's
   `generator/`); params load with `load_params(build(cfg), ...)`. Parameters no model holds (an
   ELECTRA discriminator's generator, imported alone) are absent: `state.from_params` initialises
   them. Where two models hold a tensor (ELECTRA's shared embeddings), they must agree.
