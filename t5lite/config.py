@@ -335,6 +335,9 @@ def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   if missing:
     raise ValueError(f'{path} is not a saved t5lite config: no {missing[0]} section')
   config = from_saved(saved, str(path))
+  recorded = recorded_vocabulary(workdir)
+  if recorded is not None and recorded['name'] == vocabulary.BUNDLED_V1:  # made before 2026-12-04
+    config.data.vocabulary = vocabulary.BUNDLED_V1
   try:  # what a run saved passed these; a value edited out of range since is the file's fault
     validate(config)
     model_config(config)
@@ -345,20 +348,31 @@ def from_workdir(workdir: str) -> ml_collections.ConfigDict:
 
 def recorded_vocabulary(workdir: str) -> dict | None:
   """The vocabulary `workdir` was made with, as its vocabulary.json records it (checked as
-  vocabulary.IDENTITY); None for a workdir made before t5lite recorded it (2026-12-04)."""
+  vocabulary.IDENTITY). A workdir made before t5lite recorded it (2026-12-04) whose config names
+  'bundled' was made with 'bundled-v1', the bundled model then; of another, None: unknown."""
   path = paths.path(workdir) / vocabulary.RECORD_FILE
   if not path.exists():
-    return None
+    return (vocabulary.load_vocabulary(vocabulary.BUNDLED_V1).identity(vocabulary.BUNDLED_V1)
+            if _names_bundled(workdir) else None)
   recorded = files.read_json(path)
   files.check_schema(recorded, vocabulary.IDENTITY, files.named(path))
   return recorded
+
+
+def _names_bundled(workdir: str) -> bool:
+  """Whether `workdir` holds a config.json whose data.vocabulary is 'bundled'."""
+  path = paths.path(workdir) / 'config.json'
+  if not path.is_file():
+    return False
+  data = files.read_json(path).get('data')
+  return isinstance(data, dict) and data.get('vocabulary') == vocabulary.BUNDLED
 
 
 def check_workdir_vocabulary(config: ml_collections.ConfigDict, workdir: str,
                              flag: str = '--workdir') -> None:
   """Refuses, in one line naming both digests, config.data.vocabulary where `workdir` (given as
   `flag`) was made with another vocabulary, under the same name or not: its ids would mean other
-  pieces. A workdir made before the record is not checked."""
+  pieces. A workdir made before the record with another than the bundled one is not checked."""
   recorded = recorded_vocabulary(workdir)
   if recorded is not None:
     vocabulary.load_vocabulary(config.data.vocabulary).check_same(

@@ -158,6 +158,13 @@ def test_skipping_batches_jump_over_the_ranges_and_report_the_position():
   assert next(batches_lib.SkippingBatches(Counting, {'batch': 3}, [(2, 5)])) == 5
 
 
+def the_rollback(workdir) -> tuple[int, int, list[int]]:
+  """(spike step, checkpoint, [first, end) batches) of the one rollback `workdir` records."""
+  with open(workdir / batches_lib.SKIPPED_FILE, encoding='utf-8') as f:
+    (record,) = json.load(f)['rollbacks']
+  return record['step'], record['checkpoint'], record['batches']
+
+
 def spiking_run(workdir, policy: str, *flags) -> int:
   return train(workdir, f'--config.train.spikes.policy={policy}', *SPIKES, *flags)
 
@@ -201,10 +208,8 @@ def test_rollback_skips_the_batches_and_a_killed_run_resumes_them_exactly(tmp_pa
            '--config.train.spikes.rollback_skip_after=2']
   assert spiking_run(tmp_path / 'straight', 'rollback', *flags) == 0
   assert 'rollback: loss spike at step 7: loss ' in capsys.readouterr().out
-  with open(tmp_path / 'straight' / batches_lib.SKIPPED_FILE, encoding='utf-8') as f:
-    (record,) = json.load(f)['rollbacks']
   # back to checkpoint 4 (batches 0-3 read); batches 4 up to the spike's 6, and 2 more, dropped
-  assert (record['step'], record['checkpoint'], record['batches']) == (7, 4, [4, 9])
+  assert the_rollback(tmp_path / 'straight') == (7, 4, [4, 9])
   with open(tmp_path / 'straight' / 'checkpoints' / '10' / 'data' / 'metadata',
             encoding='utf-8') as f:
     assert json.load(f)['processes'][0]['batch'] == 15  # steps 5-10 read batches 9-14
@@ -259,9 +264,7 @@ def test_a_rollback_with_no_checkpoint_before_the_spike_goes_back_to_the_start(t
            '--config.train.spikes.rollback_skip_after=2']
   assert spiking_run(tmp_path / 'rolled', 'rollback', *flags) == 0
   assert 'back to step 0, batches 0 to 8 skipped' in capsys.readouterr().out
-  with open(tmp_path / 'rolled' / batches_lib.SKIPPED_FILE, encoding='utf-8') as f:
-    (record,) = json.load(f)['rollbacks']
-  assert (record['step'], record['checkpoint'], record['batches']) == (7, 0, [0, 9])
+  assert the_rollback(tmp_path / 'rolled') == (7, 0, [0, 9])
   (tmp_path / 'skipping').mkdir()
   (tmp_path / 'skipping' / batches_lib.SKIPPED_FILE).write_text(
       json.dumps({'rollbacks': [{'batches': [0, 9]}]}), encoding='utf-8')

@@ -109,3 +109,32 @@ def test_a_workdir_made_before_the_record_trains_on_and_records_it(world, tmp_pa
   assert status == 0, err[-3000:]
   with open(run / vocabulary.RECORD_FILE, encoding='utf-8') as f:
     assert json.load(f)['sha256'] == a
+
+
+def test_a_workdir_of_the_bundled_vocabulary_before_2026_12_04_keeps_it(tmp_path, capfd):
+  """A workdir made before the record, whose config names 'bundled', was made with what is now
+  'bundled-v1' (the bundled model regenerated with UL2's mode tokens moved every id): it resumes
+  with it and no flag; given today's 'bundled' (a preset's), it is refused naming both digests
+  and the setting that reads it."""
+  run = tmp_path / 'run'
+  flags = ['--config.data.source=synthetic', '--config.train.steps=2',
+           '--config.checkpoint.every_steps=1']
+  status, err = in_this_process(['train', f'--workdir={run}', *TINY_RUN, *flags,
+                                 '--config.data.vocabulary=bundled-v1'], capfd)
+  assert status == 0, err[-3000:]
+  config = json.loads((run / 'config.json').read_text())
+  config['data']['vocabulary'] = 'bundled'  # as t5lite wrote it then
+  (run / 'config.json').write_text(json.dumps(config))
+  os.remove(run / vocabulary.RECORD_FILE)
+  before = snapshot(tmp_path)
+  status, err = in_this_process(['train', f'--workdir={run}', *TINY_RUN, *flags,
+                                 '--config.train.steps=3'], capfd)
+  assert status == 2 and len(err.strip().splitlines()) == 1, err[-3000:]
+  v1, today = (vocabulary.load_vocabulary(name).digest[:12] for name in ('bundled-v1', 'bundled'))
+  assert f"'bundled-v1' (sha256 {v1})" in err and f'(sha256 {today})' in err, err
+  assert err.strip().endswith('(--config.data.vocabulary=bundled-v1)'), err
+  assert snapshot(tmp_path) == before
+  status, err = in_this_process(['train', f'--workdir={run}', '--config.train.steps=3'], capfd)
+  assert status == 0, err[-3000:]
+  assert json.loads((run / 'config.json').read_text())['data']['vocabulary'] == 'bundled-v1'
+  assert json.loads((run / vocabulary.RECORD_FILE).read_text())['sha256'][:12] == v1
