@@ -125,6 +125,10 @@ def _train_defaults() -> ml_collections.ConfigDict:
   train.microbatches = 1  # gradient accumulation: batch_size is split into this many
   train.seed = 0  # parameter initialisation and dropout
   train.z_loss = 1e-4
+  # Sparse experts' router losses (t5lite/objectives/routing.py), their weights in the loss:
+  # ST-MoE's router z-loss and the Switch Transformer's load-balancing loss
+  train.router_z_loss = 0.001
+  train.load_balance_loss = 0.01
   train.label_smoothing = 0.0
   train.loss_normalizer = 'real_tokens'  # real_tokens | total_tokens | a number (T5X's constant)
   # N > 0: the lm objective's cross entropy over N slices of the targets, each slice's logits
@@ -140,6 +144,9 @@ def _train_defaults() -> ml_collections.ConfigDict:
   train.distill_alpha = 0.5  # weight of the hard-label loss; 1 - alpha weighs T^2 KL to teacher
   train.distill_temperature = 2.0  # T: both softmaxes are taken of logits / T
   train.distill_hidden_weight = 0.0  # cosine loss between final hidden states (same d_model)
+  # Sparse upcycling (t5lite/train/upcycle.py): a dense workdir whose latest parameters start
+  # this run with experts, each a copy of its layer's MLP; '' starts from a random init.
+  train.upcycle_workdir = ''
   train.spikes = _spikes_defaults()
   return train
 
@@ -178,17 +185,20 @@ def _optim_mesh_checkpoint_defaults() -> dict[str, ml_collections.ConfigDict]:
   mesh = ml_collections.ConfigDict()
   mesh.data = -1  # -1: the devices the other axes leave
   mesh.fsdp = 1
+  mesh.expert = 1  # sparse experts split over this many devices (and the batch, as by data)
   mesh.tensor = 1
   # Across slices (TPU) or nodes (GPU), over the data-center network: data and fsdp repeat
-  # dcn_data and dcn_fsdp times, whose product is the number of slices; tensor never crosses.
+  # dcn_data and dcn_fsdp times, whose product is the number of slices; expert and tensor never
+  # cross.
   mesh.dcn_data = -1  # -1: the slices dcn_fsdp leaves (1 on one slice), as MaxText's default
   mesh.dcn_fsdp = 1
   # Logical axis -> the mesh axes it is split over ('data,fsdp' for two, '' replicated), as
-  # MaxText's logical_axis_rules: parameters are sharded over fsdp and tensor, batches over data
-  # and fsdp. `--config.mesh.rules.embed=` replicates the d_model dimension of every parameter.
+  # MaxText's logical_axis_rules: parameters are sharded over fsdp and tensor (experts over
+  # expert), batches over data, fsdp and expert (inside a sparse layer, batch_no_expert: data and
+  # fsdp). `--config.mesh.rules.embed=` replicates the d_model dimension of every parameter.
   mesh.rules = ml_collections.ConfigDict(dict(
-      batch='data,fsdp', embed='fsdp', mlp='tensor', heads='tensor', vocab='tensor', kv='',
-      length='', layers='', relpos_buckets=''))
+      batch='data,fsdp,expert', embed='fsdp', mlp='tensor', heads='tensor', vocab='tensor', kv='',
+      length='', layers='', relpos_buckets='', expert='expert', batch_no_expert='data,fsdp'))
 
   ckpt = ml_collections.ConfigDict()
   ckpt.every_steps = 1000
@@ -233,6 +243,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name, value in [('optim.weight_decay', optim.weight_decay),
                       ('optim.clip_grad_norm', optim.clip_grad_norm),
                       ('train.z_loss', train.z_loss),
+                      ('train.router_z_loss', train.router_z_loss),
+                      ('train.load_balance_loss', train.load_balance_loss),
                       ('train.distill_hidden_weight', train.distill_hidden_weight)]:
     if value < 0:
       raise ValueError(f'config.{name}={value} must be at least 0')
@@ -245,7 +257,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       ('train.distill_temperature', train.distill_temperature)]:
     if value <= 0:
       raise ValueError(f'config.{name}={value} must be positive')
-  for group in (('data', 'fsdp', 'tensor'), ('dcn_data', 'dcn_fsdp')):
+  for group in (('data', 'fsdp', 'expert', 'tensor'), ('dcn_data', 'dcn_fsdp')):
     check_mesh_sizes([config.mesh[name] for name in group],
                      ' '.join(f'mesh.{name}={config.mesh[name]}' for name in group))
   objectives.check_settings(data, 'config.data')

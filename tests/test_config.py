@@ -87,7 +87,7 @@ def test_the_cli_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, caps
   assert cli.main(['plan', '--config=t5_tiny', '--topology=8xH100', '--analytic',
                    '--config.data.batch_size=64']) == 0
   out = capsys.readouterr().out
-  assert 'mesh data=8 fsdp=1 tensor=1, remat none, 14M parameters' in out  # t5_tiny's 13.6M
+  assert 'mesh data=8 fsdp=1 expert=1 tensor=1, remat none, 14M parameters' in out  # t5_tiny's 13.6M
   assert 'FLOPs per step: 3.24e+11 analytic' in out
 
 

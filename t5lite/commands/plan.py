@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from jax.experimental import topologies
-from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
 from t5lite import objectives
 from t5lite.inputs import batches as batches_lib
@@ -38,6 +38,7 @@ from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
 from t5lite.train import run as run_lib
+from t5lite.train import state as state_lib
 from t5lite.train import traffic as traffic_lib
 
 GiB = 2**30
@@ -263,6 +264,15 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
   return kept + encoded + max(logits, recomputed)
 
 
+def expert_params(model_cfg: ModelConfig, params) -> tuple[int, int]:
+  """(the bytes of the experts' parameters, those one device holds): leaves of logical axis
+  'expert' among `params` (ShapeDtypeStructs in their shardings)."""
+  axes = jax.tree.leaves(state_lib.param_axes(model_cfg),
+                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+  leaves = [x for x, spec in zip(jax.tree.leaves(params), axes) if 'expert' in spec]
+  return sum(x.size * x.dtype.itemsize for x in leaves), per_device_bytes(leaves)
+
+
 def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,
                     frozen=None) -> dict[str, float]:
   """Bytes per device by kind, and their total.
@@ -357,7 +367,9 @@ def network(model_cfg: ModelConfig, config, run: run_lib.Run, topology: Topology
   dcn = dict(zip(mesh_lib.MESH_AXES, mesh_lib.dcn_shape(config.mesh, topology.num_slices,
                                                         topology.name)))
   ici = {axis: run.mesh.shape[axis] // dcn[axis] for axis in mesh_lib.MESH_AXES}
-  result = traffic_lib.analytic_traffic(model_cfg, config.data, param_bytes, ici, dcn)
+  expert_bytes, _ = expert_params(model_cfg, run.spec.abstract.params)
+  result = traffic_lib.analytic_traffic(model_cfg, config.data, param_bytes, ici, dcn,
+                                        expert_bytes)
   result.update(param_bytes=param_bytes, num_slices=topology.num_slices)
   chip = topology.chip
   seconds = {'compute': expected['step_seconds']}
@@ -399,6 +411,10 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
   loss = run.loss(teacher)
   batch = abstract_batch(config.data, run.batch_sharding)
   result['num_params'] = sum(x.size for x in jax.tree.leaves(run.spec.abstract.params))
+  result['experts'] = (dict(zip(('param_bytes', 'per_device'), expert_params(
+      model_cfg, run.spec.abstract.params)), num_experts=model_cfg.num_experts,
+                            expert_axis=run.mesh.shape['expert'])
+                       if model_cfg.num_experts else None)
   result['analytic'] = analytic_memory(model_cfg, config, run.spec, batch, run.mesh,
                                        loss.frozen_params)
   result['compiled'] = result['xla_flops_per_device'] = None
@@ -457,6 +473,13 @@ def format_plan(result: dict) -> str:
   lines.append(f"at {result['mfu']:.0%} MFU of {result['peak_flops_per_device'] / 1e12:.4g} "
                f"TFLOP/s per device: {result['step_seconds']:.3g} s per step, "
                f"{result['tokens_per_second']:,.0f} tokens/s")
+  if experts := result['experts']:
+    lines.append(f"experts: {experts['num_experts']} a sparse layer over mesh.expert="
+                 f"{experts['expert_axis']}, their parameters {_gib(experts['per_device'])} a "
+                 f"device ({_gib(experts['param_bytes'])} in all; the params above hold them); "
+                 f"all-to-all {_mb(result['network']['all_to_all_per_device'])} a device a step"
+                 + (f" (compiled HLO: {_mb(result['network']['hlo']['all_to_all'])})"
+                    if result['network'].get('hlo') else ''))
   lines += network_lines(result['network'])
   lines += [f'note: {note}' for note in result['notes']]
   return '\n'.join(lines)

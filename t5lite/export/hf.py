@@ -1,7 +1,8 @@
 """Hugging Face export and import: config.json + model.safetensors.
 
 What each architecture exports as is its family's (`Family.hf`, models/hf_mapping.py): T5 and
-BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration), GPT-2 decoders
+BART encoder-decoders (T5ForConditionalGeneration, BartForConditionalGeneration) and T5 with
+sparse experts (SwitchTransformersForConditionalGeneration, models/switch.py), GPT-2 decoders
 (GPT2LMHeadModel), encoders with HF's MLM head (BertForPreTraining, BertForMaskedLM,
 RobertaForMaskedLM) and ELECTRA (ElectraForPreTraining, its generator as ElectraForMaskedLM in
 the subfolder `generator/`) go both ways; BERT with next-sentence prediction but our plain MLM
@@ -93,7 +94,8 @@ def _write_model(flat: dict[tuple, Any], cfg: ModelConfig, hf: HfModel, out_dir:
     raise ValueError(f'params have no {"/".join(map(str, absent[0]))}; are they of this config?')
   tensors = {}
   for name, rows in _by_tensor(table).items():
-    parts = [_to_hf(flat[row.path], row) for row in rows]
+    parts = [_to_hf(flat[row.path] if row.index is None else flat[row.path][row.index], row)
+             for row in rows]
     tensors[name] = np.ascontiguousarray(np.concatenate(parts, axis=_output_axis(rows[0])))
   if hf.extra:
     tensors.update(hf.extra(cfg))
@@ -164,8 +166,8 @@ def _sharded_files(index) -> list[str]:
 
 
 def import_hf(folder: str, **overrides: Any) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) of an HF folder of a model that imports (T5, BART, GPT-2, BERT,
-  RoBERTa, ELECTRA), with the models of the run in its subfolders (an ELECTRA discriminator's
+  """(ModelConfig, params) of an HF folder of a model that imports (T5, Switch, BART, GPT-2,
+  BERT, RoBERTa, ELECTRA), with the models of the run in its subfolders (an ELECTRA discriminator's
   `generator/`); params load with `load_params(build(cfg), ...)`. Parameters no model holds (an
   ELECTRA discriminator's generator, imported alone) are absent: `state.from_params` initialises
   them. Where two models hold a tensor (ELECTRA's shared embeddings), they must agree.
@@ -236,10 +238,15 @@ def _read_table(hf: HfModel, cfg: ModelConfig, folder: str, tensors: dict[str, n
   flat = {}
   for name, rows in by_tensor.items():
     try:
-      values = _our_parts(name, tensors[name], rows, [shapes[row.path].shape for row in rows])
+      values = _our_parts(name, tensors[name], rows,
+                          [shapes[row.path].shape[row.index is not None:] for row in rows])
     except ValueError as error:
       raise ValueError(f'{weights}: {error}') from None
-    flat.update((row.path, value) for row, value in zip(rows, values))
+    for row, value in zip(rows, values):
+      if row.index is None:
+        flat[row.path] = value
+      else:  # one entry (an expert) of the param
+        flat.setdefault(row.path, np.zeros(shapes[row.path].shape, np.float32))[row.index] = value
   return flat
 
 

@@ -21,6 +21,7 @@ class StackShape(NamedTuple):
   length: int  # positions it runs over: the queries, and the keys of self-attention
   causal: bool  # a causal kernel skips half of the score and value matmuls
   cross_length: int | None = None  # encoder positions its cross-attention reads; None: none
+  sparse_layers: int = 0  # layers whose MLP is sparse experts (models/experts.py)
 
 
 class Shapes(NamedTuple):
@@ -45,6 +46,7 @@ class Family(NamedTuple):
   prompt: str | None
   # The Hugging Face models it exports as: the first one a config `fits`; (): export refuses.
   hf: tuple[HfModel, ...]
+  experts: bool = False  # whether its stacks take sparse experts (model.num_experts)
 
 
 def require_layers(cfg: ModelConfig, *fields: str) -> None:

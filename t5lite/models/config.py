@@ -17,6 +17,7 @@ ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
+EXPERT_WEIGHTS = ('probability', 'normalized')
 TYPE_NAMES = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string'}
 
 
@@ -74,6 +75,27 @@ class ModelConfig:
   # The Hugging Face model_type an export writes where several fit the same weights (mt5:
   # MT5ForConditionalGeneration for a T5 v1.1); '': the family's first that fits
   hf_model_type: str = ''
+  # Sparse experts (models/experts.py, the Switch Transformer): num_experts MLPs in place of the
+  # MLP of a stack's sparse layers (0: a dense model), each token routed to its expert_top_k most
+  # probable ones. Layer i is sparse where i % step == 1 (every layer for step 1), as Hugging
+  # Face's SwitchTransformers places them: 2, every other layer from the second; 0, none.
+  num_experts: int = 0
+  expert_top_k: int = 1
+  encoder_sparse_step: int = 2
+  decoder_sparse_step: int = 2
+  # An expert takes ceil(factor * top_k * group tokens / num_experts) tokens of a group (in
+  # training, in evaluation), or expert_capacity of them where > 0 (Hugging Face's fixed one);
+  # the others pass through the residual alone.
+  train_capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  expert_capacity: int = 0
+  expert_group_size: int = 0  # tokens routed together, at most; 0: a row (Hugging Face's)
+  expert_dropless: bool = False  # no capacity: every token reaches its experts (ragged matmuls)
+  router_jitter: float = 0.01  # training multiplies the router's input by U(1 - j, 1 + j)
+  # What an expert's output is weighed by: its router probability (Switch, Hugging Face's) |
+  # normalized, divided by the sum over the token's top k (GShard; with top-1 a weight of 1, and
+  # a router learnt from its losses alone): an upcycled model then starts as the dense one
+  expert_weights: str = 'probability'
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # a value read from a JSON file may be of any type
@@ -94,6 +116,7 @@ class ModelConfig:
     choice('attention', ATTENTIONS)
     choice('remat_policy', REMAT_POLICIES)
     choice('mlm_transform', MLM_TRANSFORMS)
+    choice('expert_weights', EXPERT_WEIGHTS)
     choice('dtype', DTYPES)
     choice('param_dtype', DTYPES)
     for name in ('vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'max_length',
@@ -109,7 +132,28 @@ class ModelConfig:
       raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
     if not 0.0 < self.generator_size <= 1.0:
       raise ValueError(f'model.generator_size must be in (0, 1], got {self.generator_size}')
+    self._check_experts()
+
+  def _check_experts(self):
+    for name in ('num_experts', 'encoder_sparse_step', 'decoder_sparse_step', 'expert_capacity',
+                 'expert_group_size'):
+      if getattr(self, name) < 0:
+        raise ValueError(f'model.{name} must be at least 0, got {getattr(self, name)}')
+    for name in ('train_capacity_factor', 'eval_capacity_factor'):
+      if not getattr(self, name) > 0:
+        raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
+    if not 1 <= self.expert_top_k <= max(self.num_experts, 1):
+      raise ValueError(f'model.expert_top_k={self.expert_top_k} must be between 1 and '
+                       f'model.num_experts={self.num_experts}')
+    if not 0.0 <= self.router_jitter < 1.0:
+      raise ValueError(f'model.router_jitter must be in [0, 1), got {self.router_jitter}')
 
   @property
   def is_gated(self) -> bool:
     return self.activation.startswith('gated-')
+
+  @property
+  def differs_in_training(self) -> bool:
+    """Whether a training forward pass computes otherwise than evaluation: dropout, and experts'
+    capacity and jitter; its loss then runs the model with deterministic=False and a key."""
+    return self.dropout > 0 or self.num_experts > 0

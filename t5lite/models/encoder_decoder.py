@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5lite.models import architecture, hf_mapping
+from t5lite.models import architecture, experts, hf_mapping, switch
 from t5lite.models.architecture import Family, Shapes, StackShape
 from t5lite.models.config import ModelConfig
 from t5lite.models.hf_mapping import FEED_FORWARD_PROJ, HfModel, Row
@@ -48,10 +48,11 @@ class EncoderDecoder(LanguageModel):
     self.cfg = cfg
     # one embedding table for both stacks (and the tied lm head)
     self.embed, self.lm_head, self.rngs = shared_parts(cfg, rngs)
+    steps = experts.sparse_steps(cfg)  # the Switch Transformer's experts, every step layers
     self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross_attention=False,
-                         rngs=rngs)
+                         rngs=rngs, sparse_step=steps['encoder'])
     self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True, cross_attention=True,
-                         rngs=rngs)
+                         rngs=rngs, sparse_step=steps['decoder'])
 
   def encode(self, encoder: Features, *, deterministic: bool = True,
              rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -93,15 +94,21 @@ class EncoderDecoder(LanguageModel):
 def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
   """The encoder over the inputs; the decoder (causal self-attention, cross-attention to all
   inputs) and the lm head over the targets."""
-  return Shapes((StackShape(cfg, cfg.num_encoder_layers, inputs_length, causal=False),
+  steps = experts.sparse_steps(cfg)
+  return Shapes((StackShape(cfg, cfg.num_encoder_layers, inputs_length, causal=False,
+                            sparse_layers=experts.num_sparse(cfg.num_encoder_layers,
+                                                             steps['encoder'])),
                  StackShape(cfg, cfg.num_decoder_layers, targets_length, causal=True,
-                            cross_length=inputs_length)),
+                            cross_length=inputs_length,
+                            sparse_layers=experts.num_sparse(cfg.num_decoder_layers,
+                                                             steps['decoder']))),
                 logits_length=targets_length)
 
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers', 'num_decoder_layers')
   architecture.refuse_encoder_heads(cfg)
+  experts.check(cfg, {'encoder': cfg.num_encoder_layers, 'decoder': cfg.num_decoder_layers})
 
 
 T5_FIELDS = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)
@@ -331,10 +338,14 @@ def _fold_embedding_scale(config: dict[str, Any], tensors: dict[str, np.ndarray]
                         for name, f in factors.items() if name in tensors}}
 
 
+T5 = HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
+             table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load,
+             fits=lambda cfg: not cfg.relative_bias_per_layer)
 FAMILY = Family(
     arch='encoder_decoder', model=EncoderDecoder, sides=('encoder', 'decoder'), objective=None,
-    stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder',
-    hf=(HfModel('BART', 'BartForConditionalGeneration', 'bart', check=bart_check,
+    stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder', experts=True,
+    hf=(switch.hf_model(T5),  # with sparse experts
+        HfModel('BART', 'BartForConditionalGeneration', 'bart', check=bart_check,
                 config=bart_config, table=bart_table, text=hf_mapping.T5_TEXT,
                 extra=bart_zero_logits_bias, load=bart_load,
                 fits=lambda cfg: cfg.position == 'learned',
@@ -346,6 +357,4 @@ FAMILY = Family(
         HfModel('MT5', 'MT5ForConditionalGeneration', 'mt5', check=mt5_check,
                 config=t5_config, table=t5_table, text=hf_mapping.T5_TEXT, load=mt5_load,
                 fits=lambda cfg: cfg.hf_model_type == 'mt5'),
-        HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
-                table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load,
-                fits=lambda cfg: not cfg.relative_bias_per_layer)))
+        T5))

@@ -35,14 +35,16 @@ BERT_FIXED = dict(position_embedding_type='absolute', is_decoder=False, add_cros
 class Row(NamedTuple):
   """One tensor, or one part of a tensor that several rows name: our param path, HF's name, the
   input dims of a kernel (0: copied as is, biases flattened), the factor HF's tensor carries over
-  ours, whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in), and how many
-  rows HF's table has before ours (zeros on export, dropped on import)."""
+  ours, whether HF's weight is Conv1D's (in, out) rather than Linear's (out, in), how many
+  rows HF's table has before ours (zeros on export, dropped on import), and which entry of our
+  param's leading axis the tensor is, if one (an expert of the experts stacked in one param)."""
   path: tuple
   name: str
   num_in: int
   scale: float = 1.0
   conv1d: bool = False
   leading_rows: int = 0
+  index: int | None = None
 
 
 class TextTemplate(NamedTuple):

@@ -2,8 +2,9 @@
 
 `get_params(model)` gives the nested dict of arrays that checkpoints and the Hugging Face export
 exchange (`{'encoder': {'layers': {0: {'self_attention': {'q': {'kernel': ...}}}}}}`); with
-`scan_layers` the per-layer dicts become one dict whose arrays have a leading 'layers' axis
-(`stack_layers` / `unstack_layers` convert, for every layer stack a registered family names).
+`scan_layers` the per-layer dicts become one dict whose arrays have a leading 'layers' axis, or
+with experts, one per position in the scanned groups of layers (`stack_layers` / `unstack_layers`
+convert, for every layer stack a registered family names).
 """
 
 from collections.abc import Mapping
@@ -65,23 +66,36 @@ def flatten(tree: Mapping[Any, Any], prefix: tuple = ()):
 
 
 def unstack_layers(params: Mapping[str, Any]) -> Params:
-  """Scanned layout -> unrolled: stack['layers'][name] (n, ...) -> stack['layers'][i][name]."""
+  """Scanned layout -> unrolled: stack['layers'][name] (n, ...) -> stack['layers'][i][name]; a
+  stack with experts scans groups of sparse_step layers, stack['layers']['block_j'][name]
+  (n / sparse_step, ...), whose layer i * sparse_step + j is unrolled layer j of group i."""
   out = dict(params)
   for stack in registry.stack_names():
     if 'layers' in out.get(stack, {}):
       layers = out[stack]['layers']
-      num_layers = jax.tree.leaves(layers)[0].shape[0]
+      group = [layers[f'block_{j}'] for j in range(len(layers)) if f'block_{j}' in layers]
+      groups = group or [layers]
+      count = jax.tree.leaves(groups)[0].shape[0]
       out[stack] = {**out[stack], 'layers': {
-          i: jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)}}
+          i * len(groups) + j: jax.tree.map(lambda x, i=i: x[i], block)
+          for i in range(count) for j, block in enumerate(groups)}}
   return out
 
 
 def stack_layers(params: Mapping[str, Any]) -> Params:
-  """Unrolled layout -> scanned: stack['layers'][i][name] -> stack['layers'][name] (n, ...)."""
+  """Unrolled layout -> scanned: stack['layers'][i][name] -> stack['layers'][name] (n, ...), or
+  with experts (a sparse MLP has a 'router'), groups stack['layers']['block_j'][name]."""
   out = dict(params)
   for stack in registry.stack_names():
     if 'layers' in out.get(stack, {}):  # an import may lack a stack's layers
       layers = out[stack]['layers']
       ordered = [layers[i] for i in sorted(layers)]
-      out[stack] = {**out[stack], 'layers': jax.tree.map(lambda *xs: jnp.stack(xs), *ordered)}
+      sparse = sum('router' in layer.get('mlp', {}) for layer in ordered)
+      step = len(ordered) // sparse if sparse else 0  # the group: sparse_step layers
+
+      def stacked(blocks):
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+
+      out[stack] = {**out[stack], 'layers': stacked(ordered) if not step else {
+          f'block_{j}': stacked(ordered[j::step]) for j in range(step)}}
   return out

@@ -38,6 +38,9 @@ def check(cfg: ModelConfig) -> Family:
   """cfg's family, once it has refused in one line an unknown arch or a setting the family cannot
   take (the checks that `ModelConfig`, below the families, cannot make itself)."""
   checked = family(cfg.arch)
+  if cfg.num_experts and not checked.experts:
+    raise ValueError(f'model.num_experts={cfg.num_experts}: model.arch={cfg.arch!r} has no '
+                     'sparse experts (arch=encoder_decoder has); set it to 0')
   checked.check(cfg)
   model_types = [hf.model_type for hf in checked.hf if not hf.folder]
   if cfg.hf_model_type not in ('', *model_types):

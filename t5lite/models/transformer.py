@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from t5lite.models.attention import (Attention, AttentionLayout, PaddedRows, attention_layout,
                                      attention_mask, padded_rows)
 from t5lite.models.config import ModelConfig
+from t5lite.models.experts import LayerGroup, SparseMLP, is_sparse
 from t5lite.models.layers import ACTIVATION_FUNCTIONS, Dense, Embed, MLP, Norm, constrain, param
 from t5lite.models.positions import BucketedBias, RelativePositionBias, sinusoidal_positions
 
@@ -107,14 +108,15 @@ class DecodeCache(NamedTuple):
 
 
 class Block(nnx.Module):
-  """One layer: self-attention, cross-attention (decoder of an encoder-decoder), MLP.
+  """One layer: self-attention, cross-attention (decoder of an encoder-decoder), MLP (or, sparse,
+  experts: models/experts.py).
 
   Each sublayer is residual; pre-norm normalizes its input (T5, GPT-2), post-norm the sum
   (Vaswani, BERT).
   """
 
   def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs,
-               causal: bool = False):
+               causal: bool = False, sparse: bool = False):
     self.pre_norm = cfg.norm_position == 'pre'
     # UMT5: the self-attention's own bias table (`causal` decides its buckets)
     self.relative_bias = (RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
@@ -124,7 +126,7 @@ class Block(nnx.Module):
     if cross_attention:
       self.cross_attention = Attention(cfg, rngs=rngs)
       self.cross_attention_norm = Norm(cfg, rngs=rngs)
-    self.mlp = MLP(cfg, rngs=rngs)
+    self.mlp = SparseMLP(cfg, rngs=rngs) if sparse else MLP(cfg, rngs=rngs)
     self.mlp_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
@@ -172,16 +174,21 @@ def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs,
-                causal: bool = False):
-  """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers)."""
-  if not cfg.scan_layers:
-    return nnx.List([Block(cfg, cross_attention=cross_attention, rngs=rngs, causal=causal)
-                     for _ in range(num_layers)])
+                causal: bool = False, sparse_step: int = 0):
+  """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers); with
+  experts every sparse_step layers, scanned, one LayerGroup of sparse_step Blocks."""
+  def block(i, rngs):
+    return Block(cfg, cross_attention=cross_attention, rngs=rngs, causal=causal,
+                 sparse=is_sparse(i, sparse_step))
 
-  @nnx.split_rngs(splits=num_layers)
+  if not cfg.scan_layers:
+    return nnx.List([block(i, rngs) for i in range(num_layers)])
+
+  @nnx.split_rngs(splits=num_layers // (sparse_step or 1))
   @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: 'layers'})
   def create(rngs):
-    return Block(cfg, cross_attention=cross_attention, rngs=rngs, causal=causal)
+    return LayerGroup([block(j, rngs) for j in range(sparse_step)]) if sparse_step else block(
+        0, rngs)
 
   return create(rngs)
 
@@ -195,7 +202,7 @@ class Stack(nnx.Module):
   shares with the discriminator)."""
 
   def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross_attention: bool,
-               rngs: nnx.Rngs, embed_width: int | None = None):
+               rngs: nnx.Rngs, embed_width: int | None = None, sparse_step: int = 0):
     self.cfg, self.num_layers, self.causal = cfg, num_layers, causal
     embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
     if cfg.position == 't5_relative' and not cfg.relative_bias_per_layer:
@@ -212,7 +219,7 @@ class Stack(nnx.Module):
         (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
         cfg=cfg, rngs=rngs)
     self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs,
-                              causal=causal)
+                              causal=causal, sparse_step=sparse_step)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
@@ -246,7 +253,7 @@ class Stack(nnx.Module):
       inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
           key_segment_ids=encoder.segment_ids))
-    use_dropout = not deterministic and self.cfg.dropout > 0
+    use_dropout = not deterministic and self.cfg.differs_in_training
     keys = jax.random.split(rngs.dropout(), self.num_layers) if use_dropout else None
     x = self._apply_layers(x, inputs, keys, deterministic)
     if self.cfg.norm_position == 'pre':
@@ -302,6 +309,9 @@ class Stack(nnx.Module):
     """Empty self-attention keys and values for `length` positions, and cross-attention's
     computed from `encoded` (b, m, d) when given."""
     def layer_cache(block):
+      if isinstance(block, LayerGroup):  # (b, sparse_step, length, h, kv) per leaf
+        return jax.tree.map(lambda *caches: jnp.stack(caches, axis=1),
+                            *map(layer_cache, block.blocks))
       empty = jnp.zeros((batch_size, length, self.cfg.num_heads, self.cfg.d_kv), self.cfg.dtype)
       if encoded is None:
         return LayerCache(empty, empty)
@@ -338,6 +348,10 @@ class Stack(nnx.Module):
     if self.cfg.scan_layers:
       def body(y, block, key):
         return apply(block, y, key)
+
+      if keys is not None and isinstance(self.layers, LayerGroup):
+        # (layers, ...) -> (groups, sparse_step, ...)
+        keys = keys.reshape(-1, len(self.layers.blocks), *keys.shape[1:])
 
       scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry,
                       unroll=self.cfg.scan_unroll,

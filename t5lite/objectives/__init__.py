@@ -16,6 +16,7 @@ from t5lite.objectives import distillation
 from t5lite.objectives import electra
 from t5lite.objectives import mlm
 from t5lite.objectives import mlm_nsp
+from t5lite.objectives import routing
 from t5lite.objectives import span_corruption
 from t5lite.objectives import ul2
 from t5lite.objectives.base import Loss, Objective
@@ -85,13 +86,16 @@ def for_run(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> Object
 
 def make_loss(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
               teacher: distillation.Teacher | None = None, *, exact_match: bool = False) -> Loss:
-  """The loss a run minimises: its objective's, or with a teacher, distilled from it;
-  `exact_match` (token losses only) makes evaluation count exact target sequences."""
+  """The loss a run minimises: its objective's, or with a teacher, distilled from it, and with
+  experts, the router's losses besides; `exact_match` (token losses only) makes evaluation count
+  exact target sequences."""
   objective = for_run(config, model_cfg)
   if teacher is not None:
     loss = distillation.loss(objective, model_cfg, config.train, teacher)
   else:
     loss = objective.loss(model_cfg, config.train, exact_match=exact_match)
+  if model_cfg.num_experts:
+    loss = routing.with_router_losses(loss, model_cfg, config.train)
   return loss if config.data.task else one_example_rows(loss)
 
 

@@ -290,7 +290,7 @@ def term_weights(sums: dict) -> dict:
 
 
 def dropout_key(model_cfg: ModelConfig, key: jax.Array, train: bool) -> jax.Array | None:
-  return key if train and model_cfg.dropout > 0 else None
+  return key if train and model_cfg.differs_in_training else None
 
 
 def dropout_rngs(model_cfg: ModelConfig, key: jax.Array, train: bool) -> nnx.Rngs | None:

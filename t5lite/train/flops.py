@@ -33,6 +33,14 @@ def ffn_flops(cfg: ModelConfig, length: int) -> float:
   return 2 * length * cfg.d_model * cfg.d_ff * matmuls
 
 
+def sparse_extra_flops(cfg: ModelConfig, length: int) -> float:
+  """What a sparse layer adds to a dense one: the router, and the expert_top_k - 1 more experts
+  each token runs through (the active parameters; not the experts a token skips, nor the
+  capacity's empty slots)."""
+  return 2 * length * cfg.d_model * cfg.num_experts + (cfg.expert_top_k - 1) * ffn_flops(
+      cfg, length)
+
+
 def lm_head_flops(cfg: ModelConfig, length: int) -> float:
   """Logits over the vocab at every position (tied or not, it is one matmul), after the MLM
   transform's d_model -> d_model dense if the model has one."""
@@ -50,7 +58,8 @@ def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int)
              + ffn_flops(stack.cfg, stack.length))
     if stack.cross_length is not None:
       layer += attention_flops(stack.cfg, stack.length, stack.cross_length, causal=False)
-    total += stack.layers * layer
+    total += stack.layers * layer + stack.sparse_layers * sparse_extra_flops(stack.cfg,
+                                                                               stack.length)
   return total
 
 

@@ -35,6 +35,7 @@ from t5lite.train import preemption
 from t5lite.train import run as run_lib
 from t5lite.train import spikes as spikes_lib
 from t5lite.train import state as state_lib
+from t5lite.train import upcycle
 
 # What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
 WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,
@@ -139,6 +140,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
   latest = reader.latest_step()
   if latest is not None and trained_already(reader, latest, config, workdir):
     return {'step': latest, 'finished': True}
+  if latest is None and init_params is None:  # a new run may start from a dense one's params
+    init_params = upcycle.start(run)
   history = metrics_lib.read_history(workdir)
   rollbacks = batches_lib.read_skipped(workdir)
   # measures the CPU's matmul rate: outside the mesh
@@ -240,8 +243,9 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
   if enclosing:
     raise ValueError(f'--workdir {workdir} is inside the workdir {enclosing[0]}; give a '
                      'folder of its own')
-  if config.train.teacher_workdir and paths.within(config.train.teacher_workdir, workdir):
-    raise ValueError(f'config.train.teacher_workdir is the run\'s own --workdir {workdir}')
+  for setting in ('teacher_workdir', 'upcycle_workdir'):
+    if config.train[setting] and paths.within(config.train[setting], workdir):
+      raise ValueError(f'config.train.{setting} is the run\'s own --workdir {workdir}')
 
 
 def device_batches(train_batches: Callable, sharding: NamedSharding, start,

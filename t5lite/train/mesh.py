@@ -1,6 +1,6 @@
 """The device mesh and the rules that map logical axis names onto it.
 
-One mesh with axes ('data', 'fsdp', 'tensor'), GSPMD-style (`AxisType.Auto`): parameters and
+One mesh with axes ('data', 'fsdp', 'expert', 'tensor'), GSPMD-style (`AxisType.Auto`): parameters and
 batches carry logical names (`embed`, `mlp`, `heads`, ...), a short rule table says which mesh
 axes each name is split over, and XLA inserts the collectives. Same layout idea as MaxText and
 T5X; the rule table is `config.mesh.rules`, so a run can change it from the command line
@@ -11,6 +11,10 @@ Past one slice (or one GPU node) the mesh is hybrid, as MaxText's: `mesh.data`, 
 `mesh.dcn_data`, `mesh.dcn_fsdp` repeat that layout across slices over the data-center network
 (DCN). The axes keep their names, data = dcn_data * data and fsdp = dcn_fsdp * fsdp, so the rules
 do not change; tensor parallelism, the chattiest, never crosses a slice.
+
+`mesh.expert` splits sparse experts (models/experts.py) over its devices and, like data, the
+batch: the dense layers see it as data parallelism, and each sparse layer sends every token to
+its expert's device and back, two all-to-alls. Like tensor, it stays inside a slice.
 """
 
 import logging
@@ -26,7 +30,7 @@ from t5lite import config as config_lib
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
 # Chips whose mesh may cut a physical torus axis in two, as jax.make_mesh allows for them.
 SPLIT_PHYSICAL_AXES_KINDS = ('TPU v5 lite', 'TPU v5e')
 
@@ -56,8 +60,10 @@ def _with_the_rest(sizes: list[int], total: int, described: str) -> list[int]:
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
-  """Axis sizes in MESH_AXES order, with a single -1 resolved to the devices the others leave."""
-  sizes = [int(mesh_cfg[name]) for name in MESH_AXES]
+  """Axis sizes in MESH_AXES order, with a single -1 resolved to the devices the others leave
+  (expert: 1 where mesh_cfg has none, as configs made before experts)."""
+  sizes = [int(mesh_cfg.get(name, 1) if name == 'expert' else mesh_cfg[name])
+           for name in MESH_AXES]
   described = ' '.join(f'mesh.{n}={s}' for n, s in zip(MESH_AXES, sizes))
   sizes = _with_the_rest(sizes, num_devices, described)
   if math.prod(sizes) != num_devices:
@@ -91,7 +97,7 @@ def describe_devices(kind: str, platform: str, slice_sizes: Sequence[int]) -> st
 
 
 def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
-  """Axis sizes across slices in MESH_AXES order (tensor: 1), a -1 (dcn_data's default) resolved
+  """Axis sizes across slices in MESH_AXES order (expert and tensor: 1), a -1 (dcn_data's default) resolved
   to the slices the other leaves; one line unless they multiply to `num_slices` (`devices` says
   what the devices are)."""
   if 'dcn_tensor' in mesh_cfg:
@@ -100,7 +106,7 @@ def dcn_shape(mesh_cfg, num_slices: int, devices: str) -> tuple[int, ...]:
                      'mesh.dcn_fsdp')
   given = [int(mesh_cfg.get('dcn_data', -1)), int(mesh_cfg.get('dcn_fsdp', 1))]
   described = f'mesh.dcn_data={given[0]} mesh.dcn_fsdp={given[1]}'
-  sizes = [*_with_the_rest(given, num_slices, described), 1]
+  sizes = [*_with_the_rest(given, num_slices, described), 1, 1]
   if math.prod(sizes) != num_slices:
     raise ValueError(f'{described} must multiply to the number of slices (nodes), and the '
                      f'devices are {devices}; set mesh.dcn_data * mesh.dcn_fsdp = {num_slices}')
@@ -124,7 +130,7 @@ def hybrid_shape(mesh_cfg, num_slices: int, per_slice: int,
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, *,
               slice_of=device_slice) -> Mesh:
-  """The ('data', 'fsdp', 'tensor') mesh over `devices` (default: all), sized by `mesh_cfg`.
+  """The ('data', 'fsdp', 'expert', 'tensor') mesh over `devices` (default: all), sized by `mesh_cfg`.
 
   Built as `mesh_utils.create_hybrid_device_mesh` builds it: each slice's devices laid out by
   `create_device_mesh` (by their physical torus on TPUs), the slices tiled along the DCN axes,
@@ -216,13 +222,19 @@ def check_divisibility(model_cfg, data_cfg, mesh: Mesh, rules,
   """Refuse, with one line, a batch or model that the mesh cannot split evenly.
 
   Only the sizes whose split the rules make a hard requirement: the batch (every step, and each
-  of its `microbatches`) and the attention heads and FFN width (tensor parallelism); anything
-  else that does not divide is replicated by `logical_to_mesh_spec`.
+  of its `microbatches`), the attention heads and FFN width (tensor parallelism) and the experts
+  (an expert axis needs them); anything else that does not divide is replicated by
+  `logical_to_mesh_spec`.
   """
   rules = dict(rules)
-  for setting, size, logical in (('data.batch_size', data_cfg.batch_size, 'batch'),
-                                 ('model.num_heads', model_cfg.num_heads, 'heads'),
-                                 ('model.d_ff', model_cfg.d_ff, 'mlp')):
+  if mesh.shape['expert'] > 1 and not model_cfg.num_experts:
+    raise ValueError(f'mesh.expert={mesh.shape["expert"]} splits sparse experts and the model '
+                     'has none; set mesh.expert=1 or model.num_experts')
+  sizes = [('data.batch_size', data_cfg.batch_size, 'batch'),
+           ('model.num_heads', model_cfg.num_heads, 'heads'),
+           ('model.d_ff', model_cfg.d_ff, 'mlp')]
+  for setting, size, logical in sizes + [('model.num_experts', model_cfg.num_experts, 'expert')
+                                         ] * bool(model_cfg.num_experts):
     axes = _mesh_axes(logical, rules)
     split = math.prod(mesh.shape[a] for a in axes)
     if size % split:

@@ -104,28 +104,35 @@ class Run:
     """The latest parameters of `train.teacher_workdir`, read-only, placed on this run's mesh;
     restore=False gives their shapes and shardings alone (`t5lite plan`). Checks first that the
     teacher can teach this student, with one line if not."""
+    def check(teacher_cfg, vocabulary_name):
+      distillation.check_teacher(teacher_cfg, vocabulary_name, self.model_cfg, self.config)
+    teacher_cfg, spec, params = self.load_other('teacher_workdir', check, restore=restore)
+    return distillation.Teacher(teacher_cfg, spec.graphdef, spec.non_params, params)
+
+  def load_other(self, setting: str, check, *, restore: bool = True):
+    """(model config, state spec, parameters) of the latest checkpoint of another workdir,
+    `train.<setting>`, read-only, placed on this run's mesh, once its vocabulary is this run's
+    and `check(model_cfg, its vocabulary's name, None where checked by content)` has passed;
+    restore=False: their shapes and shardings alone."""
     config = self.config
-    checkpointer = checkpoint_lib.Checkpointer(config.train.teacher_workdir, config.checkpoint,
+    checkpointer = checkpoint_lib.Checkpointer(config.train[setting], config.checkpoint,
                                                read_only=True)
     try:
       step = checkpointer.latest_step()
       if step is None:
-        raise FileNotFoundError(
-            f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
+        raise FileNotFoundError(f'train.{setting}: no checkpoint in {checkpointer.directory}')
       saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
-      teacher_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
-      # a teacher that records its vocabulary is checked by content, an older one by name
-      recorded = config_lib.recorded_vocabulary(config.train.teacher_workdir)
-      config_lib.check_workdir_vocabulary(config, config.train.teacher_workdir,
-                                          'train.teacher_workdir')
-      distillation.check_teacher(teacher_cfg, None if recorded else saved.data.vocabulary,
-                                 self.model_cfg, config)
-      spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, self.mesh, self.rules)
+      model_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
+      # a workdir that records its vocabulary is checked by content, an older one by name
+      recorded = config_lib.recorded_vocabulary(config.train[setting])
+      config_lib.check_workdir_vocabulary(config, config.train[setting], f'train.{setting}')
+      check(model_cfg, None if recorded else saved.data.vocabulary)
+      spec = state_lib.state_spec(model_cfg, optax.identity(), 0, self.mesh, self.rules)
       params = (checkpointer.restore_params(step, spec.abstract.params) if restore
                 else spec.abstract.params)
     finally:
       checkpointer.close()
-    return distillation.Teacher(teacher_cfg, spec.graphdef, spec.non_params, params)
+    return model_cfg, spec, params
 
 
 def make_run(config: ml_collections.ConfigDict, mesh: Mesh | None = None, *,

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from t5lite.models import family
+from t5lite.models import experts, family
 from t5lite.models.config import ModelConfig
 
 
@@ -56,29 +56,58 @@ def tensor_parallel_bytes(cfg: ModelConfig, inputs_length: int, targets_length: 
   return 2 * all_reduce(sublayer_bytes, tensor)
 
 
+def expert_all_to_all_bytes(cfg: ModelConfig, data_cfg, rows: float, expert: int) -> float:
+  """Bytes a device sends in a step's all-to-alls among the `expert` devices, (expert - 1) /
+  expert of its share each time: each sparse layer sends its (groups, experts, capacity,
+  d_model) slots to the experts' devices and their outputs back, and the backward pass the
+  gradients of both, and that of the float32 combine weights (groups, tokens, experts, capacity)
+  on their way to the router. `rows`: the device's rows of the batch. (Dropless experts are not
+  all-to-all'd: their ragged matmuls run where the experts' weights are gathered.)"""
+  if expert == 1 or not cfg.num_experts or cfg.expert_dropless:
+    return 0.0
+  shapes = family(cfg.arch).shapes(cfg, data_cfg.inputs_length, data_cfg.targets_length)
+  total = 0.0
+  for stack in shapes.stacks:
+    groups, group_tokens = experts.group_shape(data_cfg.batch_size, stack.length,
+                                               cfg.expert_group_size)
+    slots = (groups * rows / data_cfg.batch_size  # the device's share of the slots
+             * cfg.num_experts * experts.capacity(cfg, group_tokens, train=True))
+    total += stack.sparse_layers * all_gather(
+        slots * (4 * cfg.d_model * np.dtype(cfg.dtype).itemsize + group_tokens * 4), expert)
+  return total
+
+
 def analytic_traffic(cfg: ModelConfig, data_cfg, param_bytes: float,
-                     ici: Mapping[str, int], dcn: Mapping[str, int]) -> dict[str, float]:
+                     ici: Mapping[str, int], dcn: Mapping[str, int],
+                     expert_bytes: float = 0.0) -> dict[str, float]:
   """DCN bytes per slice and per device, and ICI bytes per device, of one step.
 
   `ici` and `dcn` are the mesh's sizes inside a slice and across slices ('data', 'fsdp',
-  'tensor'). Inside a slice, as the hierarchical collectives run: a device reduce-scatters the
-  gradients of its tensor shard over the slice's batch devices (the DCN collectives then move
-  its piece), all-gathers its fsdp shard back over data, and takes part in the slice's share of
-  the one all-gather of the parameters over fsdp (see dcn_bytes_per_slice); tensor parallelism
-  adds `tensor_parallel_bytes`.
+  'expert', 'tensor'). Inside a slice, as the hierarchical collectives run: a device
+  reduce-scatters the gradients of its tensor shard over the slice's batch devices (the DCN
+  collectives then move its piece), all-gathers its fsdp shard back over data, and takes part in
+  the slice's share of the one all-gather of the parameters over fsdp (see
+  dcn_bytes_per_slice); tensor parallelism adds `tensor_parallel_bytes`. `expert_bytes` of the
+  parameters are experts, split over the expert axis, which also splits the batch: the others'
+  gradients are reduced over it as over data, theirs not; and the tokens' all-to-alls
+  (`expert_all_to_all_bytes`) come on top.
   """
   per_slice = math.prod(ici.values())
-  dcn_slice = dcn_bytes_per_slice(param_bytes, dcn['data'], dcn['fsdp'])
-  shard = param_bytes / ici['tensor']  # the gradients (parameters) of one tensor shard
-  batch_devices = ici['data'] * ici['fsdp']
+  dcn_slice = dcn_bytes_per_slice(param_bytes - expert_bytes * (1 - 1 / ici['expert']),
+                                  dcn['data'], dcn['fsdp'])
+  batch_devices = ici['data'] * ici['fsdp'] * ici['expert']
   rows = data_cfg.batch_size / (batch_devices * dcn['data'] * dcn['fsdp'])
-  ici_device = (all_gather(shard, batch_devices)
-                + all_gather(shard / (ici['fsdp'] * dcn['fsdp']), ici['data'])
-                + all_gather(shard, ici['fsdp'])
-                + tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length,
-                                        rows, ici['tensor']))
+  ici_device = tensor_parallel_bytes(cfg, data_cfg.inputs_length, data_cfg.targets_length, rows,
+                                     ici['tensor'])
+  for nbytes, replicas in ((param_bytes - expert_bytes, ici['expert']),
+                           (expert_bytes / ici['expert'], 1)):
+    shard = nbytes / ici['tensor']  # the gradients (parameters) of one tensor shard
+    ici_device += (all_gather(shard, ici['data'] * ici['fsdp'] * replicas)
+                   + all_gather(shard / (ici['fsdp'] * dcn['fsdp']), ici['data'] * replicas)
+                   + all_gather(shard, ici['fsdp']))
+  all_to_all = expert_all_to_all_bytes(cfg, data_cfg, rows, ici['expert'])
   return {'dcn_per_slice': dcn_slice, 'dcn_per_device': dcn_slice / per_slice,
-          'ici_per_device': ici_device}
+          'ici_per_device': ici_device + all_to_all, 'all_to_all_per_device': all_to_all}
 
 
 COLLECTIVE = re.compile(r'^\s*\S+ = (?P<type>.*?) (?P<op>all-reduce|all-gather|reduce-scatter|'
@@ -159,7 +188,7 @@ def runs_per_step(hlo_text: str) -> dict[str, int]:
 
 def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]:
   """Bytes per device, on average, that a compiled step's collectives send over DCN ('dcn') and
-  inside a slice ('ici').
+  inside a slice ('ici', of which the all-to-alls send 'all_to_all').
 
   `slice_of_device[i]`: the slice of device i of the executable (the mesh's devices in order).
   A collective among m devices of n slices runs as XLA's hierarchical collectives do: a ring
@@ -174,7 +203,7 @@ def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]
   if '_xla_megascale_transfer_type' in hlo_text:
     slices = np.zeros(len(slices) // num_slices, np.int64)  # the program's devices: one slice
   runs, current = runs_per_step(hlo_text), None
-  totals = {'dcn': 0.0, 'ici': 0.0}
+  totals = {'dcn': 0.0, 'ici': 0.0, 'all_to_all': 0.0}
   for line in hlo_text.splitlines():
     if computation := COMPUTATION.match(line):
       current = computation[2]
@@ -200,6 +229,7 @@ def hlo_bytes(hlo_text: str, slice_of_device: Sequence[int]) -> dict[str, float]
       if match['op'] == 'all-to-all':
         totals['dcn'] += ring(nbytes, spanned) * members
         totals['ici'] += nbytes * (inside - 1) / members * members
+        totals['all_to_all'] += nbytes * (inside - 1) / members * members
       else:  # the group's members' bytes
         totals['dcn'] += ring(nbytes, spanned) * spanned
         totals['ici'] += ring(nbytes, inside) * members

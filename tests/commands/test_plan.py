@@ -66,8 +66,9 @@ def test_bad_topology_is_one_line(text, match):
 
 
 @pytest.mark.parametrize('topology, overrides, match', [
-    ('v4-32', ['mesh.fsdp=3'], 'v4-32: mesh.data=-1 mesh.fsdp=3 mesh.tensor=1 does not fit 16'),
-    ('v5e-64', [], r'data.batch_size=32 is not divisible by mesh.data\*mesh.fsdp=64'),
+    ('v4-32', ['mesh.fsdp=3'],
+     'v4-32: mesh.data=-1 mesh.fsdp=3 mesh.expert=1 mesh.tensor=1 does not fit 16'),
+    ('v5e-64', [], r'data.batch_size=32 is not divisible by mesh.data\*mesh.fsdp\*mesh.expert=64'),
     ('8xH100', ['mesh.tensor=8'], r'model.num_heads=4 is not divisible by mesh.tensor=8'),
     ('cpu:4', ['mesh.data=8'], 'cpu:4: mesh.data=8 .* does not fit 4 devices'),
     ('cpu:1', ['train.microbatches=5'], 'train.microbatches=5 must divide data.batch_size=32'),
@@ -123,7 +124,7 @@ def test_t5_1_1_base_is_replicated_and_fits(topology, attention, devices, peak, 
   attention and with cuDNN's."""
   result = analytic_plan('t5_1_1_base', topology, f'model.attention={attention}')
   memory = result['analytic']
-  assert result['mesh'] == {'data': devices, 'fsdp': 1, 'tensor': 1}
+  assert result['mesh'] == {'data': devices, 'fsdp': 1, 'expert': 1, 'tensor': 1}
   assert 247e6 < result['num_params'] < 249e6  # T5 v1.1 base
   assert memory['params'] == memory['gradients'] == result['num_params'] * 4  # float32, replicated
   assert result['fits'] and memory['total'] == result['memory_per_device'] < 32 * GiB
@@ -145,7 +146,7 @@ def test_t5_1_1_xxl_fits_a_16_gib_v5e_chip_only_when_sharded():
   total_bytes = replicated['num_params'] * 4
   assert 11.1e9 < replicated['num_params'] < 11.2e9
   assert replicated['analytic']['params'] == total_bytes and not replicated['fits']
-  assert sharded['mesh'] == {'data': 1, 'fsdp': 256, 'tensor': 1}
+  assert sharded['mesh'] == {'data': 1, 'fsdp': 256, 'expert': 1, 'tensor': 1}
   # Every large kernel splits its d_model dimension 256 ways; only the tiny relative position
   # tables stay whole.
   assert total_bytes / 256 <= sharded['analytic']['params'] < 1.001 * total_bytes / 256
@@ -247,7 +248,7 @@ def test_two_h100_nodes_send_the_gradients_all_reduce_over_dcn():
   InfiniBand a step, an eighth from each GPU's 400 Gb/s port."""
   result = analytic_plan('t5_1_1_base', '2x8xH100', 'mesh.dcn_data=2', 'model.scan_layers=True')
   net = result['network']
-  assert result['mesh'] == {'data': 16, 'fsdp': 1, 'tensor': 1}
+  assert result['mesh'] == {'data': 16, 'fsdp': 1, 'expert': 1, 'tensor': 1}
   assert net['param_bytes'] == 4 * result['num_params'] == pytest.approx(990e6, rel=0.01)
   assert net['dcn_per_slice'] == net['param_bytes']
   assert net['dcn_per_device'] == net['param_bytes'] / 8
@@ -262,7 +263,7 @@ def test_dcn_fsdp_adds_the_parameter_gathers_across_slices():
   result = analytic_plan('t5_1_1_base', '4xv5p-128', 'mesh.dcn_data=2', 'mesh.dcn_fsdp=2',
                          'mesh.fsdp=2', 'data.batch_size=256', 'model.scan_layers=True')
   net = result['network']
-  assert result['mesh'] == {'data': 64, 'fsdp': 4, 'tensor': 1}
+  assert result['mesh'] == {'data': 64, 'fsdp': 4, 'expert': 1, 'tensor': 1}
   assert net['dcn_per_slice'] == pytest.approx(1.5 * net['param_bytes'])
   assert net['dcn_per_device'] == pytest.approx(1.5 * net['param_bytes'] / 64)
   text = plan_lib.format_plan(result)
@@ -352,3 +353,32 @@ def test_dcn_fsdp_compiled_sends_less_than_the_analytic_count():
   assert net['dcn_per_device'] == pytest.approx(net['param_bytes'] / 4)
   assert 0.8 * net['dcn_per_device'] < net['hlo']['dcn'] < net['dcn_per_device']
   assert 0.8 * net['ici_per_device'] < net['hlo']['ici'] < net['ici_per_device']
+
+
+SMALL_SWITCH = ('data.batch_size=16', 'model.d_model=64', 'model.d_ff=128', 'model.num_heads=2',
+                'model.d_kv=32')
+
+
+def test_switch_base_128_keeps_a_sixteenth_of_its_experts_a_chip():
+  """128 experts over mesh.expert=16 of a v4-32's 16 chips: 8 a device; the rest replicated."""
+  result = analytic_plan('switch_base_128', 'v4-32', 'mesh.data=1', 'mesh.expert=16')
+  experts = result['experts']
+  assert experts['param_bytes'] == 4 * 128 * 12 * 2 * 768 * 3072  # 12 sparse layers of 128
+  assert experts['per_device'] == experts['param_bytes'] / 16
+  dense = 4 * result['num_params'] - experts['param_bytes']
+  assert result['analytic']['params'] == pytest.approx(dense + experts['per_device'], rel=1e-6)
+  text = plan_lib.format_plan(result)
+  assert 'experts: 128 a sparse layer over mesh.expert=16, their parameters 1.69 GiB a device' in text
+
+
+@pytest.mark.slow  # 54 s on 2 cores
+def test_all_to_all_bytes_of_the_compiled_step_are_the_analytic_ones():
+  """switch_tiny shrunk, top-2 in groups of 64 tokens, on 8 CPU devices as data 4 x expert 2:
+  per sparse layer 2 all-to-alls forward (the slots to their experts and back), 3 backward (their
+  gradients, and that of the combine weights on the way to the router): what the compiled step
+  holds, byte for byte."""
+  result = plan_lib.plan(load('switch_tiny', *SMALL_SWITCH, 'mesh.data=4', 'mesh.expert=2',
+                              'model.expert_group_size=64', 'model.expert_top_k=2'), 'cpu:8')
+  net = result['network']
+  assert net['all_to_all_per_device'] == net['hlo']['all_to_all'] == 1_010_112
+  assert 'all-to-all 1.0 MB a device a step (compiled HLO: 1.0 MB)' in plan_lib.format_plan(result)

@@ -107,9 +107,9 @@ def test_the_nodes_are_the_dcn_data_axis_unless_the_flags_say_otherwise(tmp_path
   parameters across them instead."""
   argv = sbatch(tmp_path, *FLAGS, '--config.mesh.dcn_fsdp=3', nodes=3)[0]['argv']
   config = config_lib.base_config()
-  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((3, 1, 1), (8, 1, 1))
+  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((3, 1, 1, 1), (8, 1, 1, 1))
   config_lib.override(config, [flag for flag in argv if flag.startswith('--config.')])
-  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((1, 3, 1), (8, 1, 1))
+  assert mesh_lib.hybrid_shape(config.mesh, 3, 8, '3 nodes') == ((1, 3, 1, 1), (8, 1, 1, 1))
 
 
 def test_a_job_without_gpus_stops_with_one_line(tmp_path):

@@ -59,6 +59,10 @@ MULTILINGUAL = {
     'umt5_small': (None, 'UMT5'), 'umt5_base': (None, 'UMT5'), 'umt5_xl': (None, 'UMT5'),
     'umt5_xxl': (None, 'UMT5'),
 }
+# The Switch Transformers as Hugging Face publishes them (google/switch-base-N model cards: 620M
+# for 8 experts, 7.4B for 128), the exact counts transformers' for the same config
+SWITCH = {'switch_base_8': 620e6, 'switch_base_16': 1.07e9, 'switch_base_32': 1.98e9,
+          'switch_base_128': 7.4e9}
 
 
 def preset(name: str) -> ModelConfig:
@@ -92,8 +96,8 @@ def t5_formula(cfg: ModelConfig) -> int:
 def test_every_preset_is_covered():
   names = {path.stem for path in CONFIGS.glob('*.py')}
   assert set(PUBLISHED) <= names
-  assert names - set(PUBLISHED) - set(FAMILY) - set(MULTILINGUAL) <= {
-      't5_tiny', 't5_tiny_distill', 'ul2_tiny'}, (
+  assert names - set(PUBLISHED) - set(FAMILY) - set(MULTILINGUAL) - set(SWITCH) <= {
+      't5_tiny', 't5_tiny_distill', 'ul2_tiny', 'switch_tiny'}, (
       'add the new preset to PUBLISHED')
 
 
@@ -138,6 +142,32 @@ def test_multilingual_preset_parameter_count_is_transformers(name):
     assert cfg.num_encoder_layers == 3 * cfg.num_decoder_layers and cfg.vocab_size == 384
   if published is not None:
     assert abs(count / published - 1) < 0.03  # published to 2 or 3 digits
+
+
+@pytest.mark.parametrize('name', sorted(SWITCH))
+def test_switch_preset_parameter_count_is_transformers(name):
+  transformers = pytest.importorskip('transformers')
+  torch = pytest.importorskip('torch')
+  cfg = preset(name)
+  config = transformers.SwitchTransformersConfig(
+      vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_ff=cfg.d_ff, d_kv=cfg.d_kv,
+      num_heads=cfg.num_heads, num_layers=cfg.num_encoder_layers,
+      num_decoder_layers=cfg.num_decoder_layers, num_sparse_encoder_layers=6,
+      num_sparse_decoder_layers=6, num_experts=cfg.num_experts,
+      tie_word_embeddings=cfg.tie_embeddings)
+  with torch.device('meta'):
+    hf = transformers.SwitchTransformersForConditionalGeneration(config)
+  count = count_params(cfg)
+  assert count == sum(p.numel() for p in hf.parameters())
+  assert abs(count / SWITCH[name] - 1) < 0.01
+
+
+def test_switch_tiny_is_t5_tiny_with_experts():
+  """Its 4 sparse layers hold 8 experts of t5_tiny's MLP (3 * 256 * 1024 weights) and a router
+  (256 x 8) in place of the one MLP."""
+  t5_tiny, switch_tiny = preset('t5_tiny'), preset('switch_tiny')
+  assert dataclasses.replace(switch_tiny, num_experts=0) == t5_tiny
+  assert count_params(switch_tiny) == 13_637_376 + 4 * (7 * 3 * 256 * 1024 + 256 * 8)
 
 
 def test_t5_tiny_builds():

@@ -227,7 +227,7 @@ def test_restore_onto_other_meshes_is_exact_and_training_goes_on(trained_222, tm
   run = run_lib.make_run(config)
   _, params = run.restore_params(trained_222, step=2)
   mesh = run.mesh
-  assert dict(mesh.shape) == {'data': 4, 'fsdp': 2, 'tensor': 1}
+  assert dict(mesh.shape) == {'data': 4, 'fsdp': 2, 'expert': 1, 'tensor': 1}
   assert all(leaf.sharding.mesh.shape == mesh.shape for leaf in jax.tree.leaves(params))
   restored, saved = flat_params(params), saved_params(trained_222, 2)
   assert restored.keys() == saved.keys()

@@ -34,6 +34,20 @@ def test_encoder_decoder_by_hand():
   assert flops.train_flops_per_step(cfg, inputs, targets, batch_size=4) == 3 * 39872 * 4
 
 
+@pytest.mark.parametrize('top_k', [1, 2])
+def test_experts_count_the_active_parameters(top_k):
+  """2 layers a stack, the second sparse: 4 experts, of which each token runs top_k, and the
+  router (d_model x 4) over every token; the experts it skips are not counted."""
+  tiny = dict(TINY, num_encoder_layers=2, num_decoder_layers=2)
+  dense = ModelConfig(arch='encoder_decoder', activation='gated-gelu', **tiny)
+  sparse = ModelConfig(arch='encoder_decoder', activation='gated-gelu', num_experts=4,
+                       expert_top_k=top_k, **tiny)
+  router = 2 * (10 + 6) * 8 * 4
+  more_experts = (top_k - 1) * 3 * 2 * (10 + 6) * 8 * 16
+  assert (flops.flops_per_example(sparse, 10, 6)
+          == flops.flops_per_example(dense, 10, 6) + router + more_experts)
+
+
 def test_encoder_only_and_decoder_only_by_hand():
   encoder_only = ModelConfig(arch='encoder', activation='relu', **dict(TINY, num_decoder_layers=0))
   # 10 tokens: projections 5120 + full scores 3200 + ReLU FFN 2 * 2*10*8*16 = 5120;

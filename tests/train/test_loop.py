@@ -85,7 +85,8 @@ def test_nan_loss_stops_before_saving(tmp_path, capsys):
 
 @pytest.mark.parametrize('flags, message', [
     (['--config.mesh.data=3'], 'does not fit 8 devices'),
-    (['--config.data.batch_size=6'], 'data.batch_size=6 is not divisible by mesh.data*mesh.fsdp=8'),
+    (['--config.data.batch_size=6'],
+     'data.batch_size=6 is not divisible by mesh.data*mesh.fsdp*mesh.expert=8'),
     (['--config.model.activation=swish'], "model.activation='swish' is not one of"),
     (['--config.optim.name=sgd'], 'sgd'),
     (['--config.train.microbatches=2'], 'train.microbatches=2 must divide data.batch_size=8'),

@@ -25,15 +25,17 @@ def make(data=-1, fsdp=1, tensor=1, devices=None):
 def test_make_mesh_sizes_and_rest():
   assert jax.device_count() == 8
   mesh = mesh_lib.make_mesh(base_config().mesh)
-  assert mesh.axis_names == ('data', 'fsdp', 'tensor')
-  assert dict(mesh.shape) == dict(data=8, fsdp=1, tensor=1)
-  assert mesh.axis_types == (AxisType.Auto,) * 3
-  assert dict(make(2, -1, 2).shape) == dict(data=2, fsdp=2, tensor=2)
-  assert dict(make(devices=jax.devices()[:4]).shape) == dict(data=4, fsdp=1, tensor=1)
+  assert mesh.axis_names == ('data', 'fsdp', 'expert', 'tensor')
+  assert dict(mesh.shape) == dict(data=8, fsdp=1, expert=1, tensor=1)
+  assert mesh.axis_types == (AxisType.Auto,) * 4
+  assert dict(make(2, -1, 2).shape) == dict(data=2, fsdp=2, expert=1, tensor=2)
+  assert dict(make(devices=jax.devices()[:4]).shape) == dict(data=4, fsdp=1, expert=1, tensor=1)
+  assert dict(mesh_lib.make_mesh(dict(data=2, fsdp=1, expert=4, tensor=1)).shape) == dict(
+      data=2, fsdp=1, expert=4, tensor=1)
 
 
 @pytest.mark.parametrize('sizes, match', [
-    ((2, 2, 4), 'mesh.data=2 mesh.fsdp=2 mesh.tensor=4 does not fit 8 devices'),
+    ((2, 2, 4), 'mesh.data=2 mesh.fsdp=2 mesh.expert=1 mesh.tensor=4 does not fit 8 devices'),
     ((-1, 3, 1), 'does not fit 8 devices'),
     ((-1, -1, 2), 'at most one -1'),
     ((0, 8, 1), 'positive'),
@@ -73,7 +75,10 @@ def test_parameter_layout_on_2x2x2():
 def test_activations_use_each_mesh_axis_once():
   mesh = make(2, 2, 2)
   spec = mesh_lib.logical_to_mesh_spec(P('batch', 'length', 'embed'), mesh, RULES)
-  assert spec == P(('data', 'fsdp'), None, None)
+  assert spec == P(('data', 'fsdp', 'expert'), None, None)
+  # Inside a sparse layer, after the all-to-all: the experts over `expert`, the groups not
+  spec = mesh_lib.logical_to_mesh_spec(P('batch_no_expert', 'expert', None, 'embed'), mesh, RULES)
+  assert spec == P(('data', 'fsdp'), 'expert', None, None)
 
 
 def test_dims_that_do_not_divide_are_replicated(caplog):
@@ -96,8 +101,8 @@ def test_rules_come_from_the_config_and_must_cover_every_name():
   rules = mesh_lib.rule_table(config.mesh.rules)
   shardings = mesh_lib.logical_to_sharding({'emb': P('vocab', 'embed')}, mesh, rules)
   assert shardings['emb'].spec == P(('fsdp', 'tensor'), None)
-  with pytest.raises(ValueError, match="logical axis 'expert' has no sharding rule"):
-    mesh_lib.logical_to_sharding({'w': P('expert', 'embed')}, mesh, rules)
+  with pytest.raises(ValueError, match="logical axis 'experts' has no sharding rule"):
+    mesh_lib.logical_to_sharding({'w': P('experts', 'embed')}, mesh, rules)
   with pytest.raises(ValueError, match=r"the rule for 'mlp' names mesh axes \('model',\)"):
     mesh_lib.logical_to_sharding({'w': P('mlp')}, mesh, dict(rules, mlp='model'))
 
@@ -107,7 +112,7 @@ def test_a_rule_naming_no_mesh_axis_is_one_line(rule):
   config = base_config()
   config.mesh.rules.mlp = rule
   with pytest.raises(ValueError, match=f"config.mesh.rules.mlp='{rule}': give mesh axes of "
-                                       'data, fsdp, tensor') as error:
+                                       'data, fsdp, expert, tensor') as error:
     mesh_lib.rule_table(config.mesh.rules)
   assert '\n' not in str(error.value)
 
@@ -127,17 +132,17 @@ def test_a_run_shards_its_parameters_and_batches_by_the_configs_rules():
   embedding = lambda run: run.spec.shardings.params['embed']['embedding'].value.spec
   assert embedding(default) == P('tensor', 'fsdp')
   assert embedding(custom) == P('tensor', None)
-  assert default.batch_sharding.spec == P(('data', 'fsdp'))
+  assert default.batch_sharding.spec == P(('data', 'fsdp', 'expert'))
   assert custom.batch_sharding.spec == P('data')
   # The rules are in force while the model is traced: its activation constraints read them.
   with custom.sharding():
     assert dict(spmd.get_logical_axis_rules())['batch'] == 'data'
 
 
-def test_batch_sharding_splits_examples_over_data_and_fsdp():
+def test_batch_sharding_splits_examples_over_data_fsdp_and_expert():
   mesh = make(2, 2, 2)
   sharding = mesh_lib.batch_sharding(mesh, RULES)
-  assert sharding.spec == P(('data', 'fsdp'))
+  assert sharding.spec == P(('data', 'fsdp', 'expert'))
   batch = jax.device_put(jnp.zeros((8, 5), jnp.int32), sharding)
   assert {shard.data.shape for shard in batch.addressable_shards} == {(2, 5)}
 
@@ -151,8 +156,16 @@ def test_check_divisibility():
   with pytest.raises(ValueError, match=r'model.d_ff=1020 .* mesh.tensor=8'):
     mesh_lib.check_divisibility(ModelConfig(num_heads=8, d_ff=1020), data, make(1, 1, 8), RULES)
   data.batch_size = 12
-  with pytest.raises(ValueError, match=r'data.batch_size=12 .* mesh.data\*mesh.fsdp=8'):
+  with pytest.raises(ValueError, match=r'data.batch_size=12 .* mesh.data\*mesh.fsdp\*mesh.expert=8'):
     mesh_lib.check_divisibility(small, data, make(4, 2, 1), RULES)
+  data.batch_size = 16
+  experts = mesh_lib.make_mesh(dict(data=1, fsdp=2, expert=4, tensor=1))
+  with pytest.raises(ValueError, match=r'mesh.expert=4 splits sparse experts and the model has '
+                                       'none; set mesh.expert=1 or model.num_experts'):
+    mesh_lib.check_divisibility(small, data, experts, RULES)
+  with pytest.raises(ValueError, match=r'model.num_experts=6 is not divisible by mesh.expert=4'):
+    mesh_lib.check_divisibility(ModelConfig(num_experts=6), data, experts, RULES)
+  mesh_lib.check_divisibility(ModelConfig(num_experts=8), data, experts, RULES)
 
 
 def fake_slices(per_slice: int):
@@ -163,12 +176,13 @@ def fake_slices(per_slice: int):
 @pytest.mark.parametrize('ici, dcn', [
     (dict(data=2, fsdp=2, tensor=1), dict(dcn_data=2)),
     (dict(data=1, fsdp=2, tensor=2), dict(dcn_data=2)),
+    (dict(data=1, fsdp=1, expert=2, tensor=2), dict(dcn_data=2)),
     (dict(data=-1, fsdp=1, tensor=2), dict(dcn_fsdp=2)),
 ])
 def test_hybrid_mesh_keeps_every_ici_axis_inside_a_slice(ici, dcn):
   mesh = mesh_lib.make_mesh({**ici, **dcn}, slice_of=fake_slices(4))
   sizes = mesh_lib.mesh_shape(ici, 4)
-  dcn_sizes = (dcn.get('dcn_data', 1), dcn.get('dcn_fsdp', 1), 1)
+  dcn_sizes = (dcn.get('dcn_data', 1), dcn.get('dcn_fsdp', 1), 1, 1)
   assert tuple(mesh.shape.values()) == tuple(s * d for s, d in zip(sizes, dcn_sizes))
   slice_of = fake_slices(4)
   for index in np.ndindex(*mesh.devices.shape):
@@ -179,13 +193,14 @@ def test_hybrid_mesh_keeps_every_ici_axis_inside_a_slice(ici, dcn):
 
 def test_one_slice_mesh_is_the_one_jax_make_mesh_builds():
   mesh = make(2, 2, 2)
-  expected = jax.make_mesh((2, 2, 2), mesh_lib.MESH_AXES, devices=jax.devices())
+  expected = jax.make_mesh((2, 2, 1, 2), mesh_lib.MESH_AXES, devices=jax.devices())
   assert (mesh.devices == expected.devices).all()
 
 
 @pytest.mark.parametrize('dcn, slices, expected', [
-    (dict(), 1, (1, 1, 1)), (dict(), 4, (4, 1, 1)), (dict(dcn_fsdp=2), 4, (2, 2, 1)),
-    (dict(dcn_data=-1, dcn_fsdp=4), 4, (1, 4, 1)), (dict(dcn_data=2, dcn_fsdp=2), 4, (2, 2, 1)),
+    (dict(), 1, (1, 1, 1, 1)), (dict(), 4, (4, 1, 1, 1)), (dict(dcn_fsdp=2), 4, (2, 2, 1, 1)),
+    (dict(dcn_data=-1, dcn_fsdp=4), 4, (1, 4, 1, 1)),
+    (dict(dcn_data=2, dcn_fsdp=2), 4, (2, 2, 1, 1)),
 ])
 def test_dcn_data_left_at_minus_1_takes_the_slices_dcn_fsdp_leaves(dcn, slices, expected):
   """The default: data parallel across every slice, and one slice anywhere (eval, export)."""

@@ -42,7 +42,8 @@ def test_replica_groups_in_each_form_xla_prints(text, groups):
 def test_hlo_bytes_splits_each_collective_into_dcn_and_ici(op, groups, dcn, ici):
   """Per device, 4 devices in 2 slices {0,1} {2,3}, a collective of f32[200] (800 bytes)."""
   line = f'  %a = f32[200]{{0}} {op}(%x), replica_groups={groups}'
-  assert traffic.hlo_bytes(line, [0, 0, 1, 1]) == {'dcn': dcn, 'ici': ici}
+  assert traffic.hlo_bytes(line, [0, 0, 1, 1]) == {
+      'dcn': dcn, 'ici': ici, 'all_to_all': ici if op == 'all-to-all' else 0}
 
 
 HLO_LOOPS = """\
@@ -63,7 +64,7 @@ def test_a_collective_in_nested_loops_counts_once_per_iteration():
   """400 bytes all-reduced 2 x 3 times in the loops and once outside, among 2 devices of 2
   slices: 7 x 2 * 1/2 * 400 over DCN per device."""
   assert traffic.runs_per_step(HLO_LOOPS) == {'main': 1, 'outer': 2, 'inner': 6}
-  assert traffic.hlo_bytes(HLO_LOOPS, [0, 1]) == {'dcn': 7 * 400, 'ici': 0}
+  assert traffic.hlo_bytes(HLO_LOOPS, [0, 1]) == {'dcn': 7 * 400, 'ici': 0, 'all_to_all': 0}
 
 
 # libtpu's program of one slice of 2 (4 devices each): a gradient all-reduced in the slice, then
@@ -82,7 +83,8 @@ def test_a_tpu_slices_program_counts_its_megascale_sends_over_dcn():
   """Per device: the slice's all-reduce of 800 bytes among its 4 devices over ICI (2 * 3/4 *
   800), and the 200 bytes it sends over DCN all-reduced among 2 slices (2 * 1/2 * 200); the
   receive is not counted again."""
-  assert traffic.hlo_bytes(HLO_MEGASCALE, [0] * 4 + [1] * 4) == {'dcn': 200, 'ici': 1200}
+  assert traffic.hlo_bytes(HLO_MEGASCALE, [0] * 4 + [1] * 4) == {
+      'dcn': 200, 'ici': 1200, 'all_to_all': 0}
 
 
 HLO_BOUNDED_LOOP = """\
@@ -102,4 +104,5 @@ ENTRY %main (p: f32[4]) -> f32[4] {
 def test_a_loop_without_a_known_trip_count_runs_as_often_as_its_condition_bounds():
   """libtpu prints no known_trip_count: a scanned stack's loop runs while i < 24."""
   assert traffic.runs_per_step(HLO_BOUNDED_LOOP) == {'main': 1, 'body': 24}
-  assert traffic.hlo_bytes(HLO_BOUNDED_LOOP, [0, 1]) == {'dcn': 24 * 400, 'ici': 0}
+  assert traffic.hlo_bytes(HLO_BOUNDED_LOOP, [0, 1]) == {'dcn': 24 * 400, 'ici': 0,
+                                                         'all_to_all': 0}
