@@ -61,3 +61,10 @@ def refuse_encoder_heads(cfg: ModelConfig) -> None:
   if cfg.mlm_transform != 'none':
     raise ValueError(f"model.mlm_transform is BERT's and RoBERTa's (arch=encoder), not "
                      f"arch={cfg.arch!r}")
+
+
+def refuse_long_encoder(cfg: ModelConfig) -> None:
+  """For the families without an encoder-decoder's encoder, the one LongT5's attention is."""
+  if cfg.encoder_attention != 'dense':
+    raise ValueError(f"model.encoder_attention={cfg.encoder_attention} is LongT5's encoder "
+                     f"(arch=encoder_decoder), not arch={cfg.arch!r}'s")

@@ -14,6 +14,7 @@ NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
 ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
+ENCODER_ATTENTIONS = ('dense', 'local', 'transient_global')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
@@ -63,6 +64,12 @@ class ModelConfig:
   # (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias computed in the
   # kernel: models/flash_attention.py)
   attention: str = 'auto'
+  # The encoder's self-attention (an encoder-decoder's, T5's relative positions): dense (every
+  # token) | local (LongT5: the tokens within local_radius) | transient_global (LongT5: local plus
+  # one global token per global_block_size tokens); models/long_attention.py
+  encoder_attention: str = 'dense'
+  local_radius: int = 127  # LongT5: tokens seen on either side (blocks of local_radius + 1)
+  global_block_size: int = 16  # LongT5 transient_global: input tokens summed into a global token
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   scan_unroll: int = 1  # layers per scanned loop iteration (fewer iterations, their slicing)
   remat_policy: str = 'none'  # none | full | save_dots
@@ -87,6 +94,7 @@ class ModelConfig:
     choice('norm_position', NORM_POSITIONS)
     choice('position', POSITIONS)
     choice('attention', ATTENTIONS)
+    choice('encoder_attention', ENCODER_ATTENTIONS)
     choice('remat_policy', REMAT_POLICIES)
     choice('mlm_transform', MLM_TRANSFORMS)
     choice('dtype', DTYPES)
@@ -97,10 +105,24 @@ class ModelConfig:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
     if self.position == 'rope' and self.d_kv % 2:
       raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
+    if self.local_radius < 1:
+      raise ValueError(f'model.local_radius must be at least 1, got {self.local_radius}')
+    if self.global_block_size < 2:
+      raise ValueError(f'model.global_block_size must be at least 2, got {self.global_block_size}')
+    if self.encoder_attention != 'dense':
+      self._check_long_encoder()
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
     if not 0.0 < self.generator_size <= 1.0:
       raise ValueError(f'model.generator_size must be in (0, 1], got {self.generator_size}')
+
+  def _check_long_encoder(self):
+    """LongT5's encoders read T5's relative bias table and run as XLA einsums."""
+    if self.position != 't5_relative':
+      raise ValueError(f'model.encoder_attention={self.encoder_attention} takes T5\'s relative '
+                       f'positions, not model.position={self.position}')
+    if self.attention == 'flash':
+      raise ValueError("model.attention=flash does not take LongT5's encoders yet: use xla")
 
   @property
   def is_gated(self) -> bool:

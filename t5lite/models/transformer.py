@@ -26,6 +26,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import long_attention
 from t5lite.models.attention import (Attention, AttentionLayout, PaddedRows, attention_layout,
                                      attention_mask, padded_rows)
 from t5lite.models.config import ModelConfig
@@ -65,8 +66,10 @@ class Features(NamedTuple):
 
 class LayerInputs(NamedTuple):
   """What every layer of a stack reads besides the hidden states; computed once per stack."""
-  mask: jax.Array | AttentionLayout | PaddedRows  # (b|1, 1, l, l) mask, flash's ids, or lengths
-  bias: jax.Array | BucketedBias | None  # (1, h, l, l) T5 relative position bias, or its table
+  # (b|1, 1, l, l) mask, flash's ids, lengths, or a LongT5 encoder's layout
+  mask: jax.Array | AttentionLayout | PaddedRows | long_attention.LongLayout
+  # (1, h, l, l) T5 relative position bias, its table, or a LongT5 encoder's blocked bias
+  bias: jax.Array | BucketedBias | long_attention.LongBias | None
   positions: jax.Array | None  # (b, l) for RoPE
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
   cross_mask: jax.Array | AttentionLayout | PaddedRows | None = None  # (b|1, 1, l|1, m)
@@ -111,9 +114,10 @@ class Block(nnx.Module):
   (Vaswani, BERT).
   """
 
-  def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs,
+               attention: type[Attention] = Attention):
     self.pre_norm = cfg.norm_position == 'pre'
-    self.self_attention = Attention(cfg, rngs=rngs)
+    self.self_attention = attention(cfg, rngs=rngs)
     self.self_attention_norm = Norm(cfg, rngs=rngs)
     if cross_attention:
       self.cross_attention = Attention(cfg, rngs=rngs)
@@ -164,16 +168,17 @@ def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, axis=1)
 
 
-def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs):
+def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs,
+                attention: type[Attention] = Attention):
   """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers)."""
   if not cfg.scan_layers:
-    return nnx.List([Block(cfg, cross_attention=cross_attention, rngs=rngs)
+    return nnx.List([Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention)
                      for _ in range(num_layers)])
 
   @nnx.split_rngs(splits=num_layers)
   @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: 'layers'})
   def create(rngs):
-    return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+    return Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention)
 
   return create(rngs)
 
@@ -192,6 +197,10 @@ class Stack(nnx.Module):
     embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
     if cfg.position == 't5_relative':
       self.relative_bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
+    self.long_inputs = not causal and cfg.encoder_attention != 'dense'  # a LongT5 encoder
+    self.global_bias = (RelativePositionBias(cfg, bidirectional=True, rngs=rngs)
+                        if self.long_inputs and cfg.encoder_attention == 'transient_global'
+                        else None)  # TGlobal's side bias
     if cfg.position == 'learned':
       self.position_embedding = Embed(cfg.max_length, embed_cfg.d_model, (None, 'embed'),
                                       std=0.02, cfg=cfg, rngs=rngs)
@@ -203,7 +212,9 @@ class Stack(nnx.Module):
     self.embed_projection = None if embed_cfg.d_model == cfg.d_model else Dense(
         (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
         cfg=cfg, rngs=rngs)
-    self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs)
+    self.layers = make_layers(
+        cfg, num_layers, cross_attention=cross_attention, rngs=rngs,
+        attention=long_attention.LongAttention if self.long_inputs else Attention)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
@@ -223,14 +234,7 @@ class Stack(nnx.Module):
     mask = (attention_layout if flash else padded_rows
             if one_example_rows and self.cfg.attention in ('auto', 'xla', 'cudnn')
             else attention_mask)
-    bias = None
-    if self.cfg.position == 't5_relative':
-      bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
-    inputs = LayerInputs(
-        mask=mask(length, None if self.causal else features.tokens > 0,
-                  query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
-                  causal=self.causal, prefix=features.bidirectional),
-        bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
+    inputs = self._self_attention_inputs(features, mask)
     if encoded is not None:
       inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
@@ -241,6 +245,25 @@ class Stack(nnx.Module):
     if self.cfg.norm_position == 'pre':
       x = self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)
     return x
+
+  def _self_attention_inputs(self, features: Features, mask) -> LayerInputs:
+    """The layers' self-attention mask (made by `mask`, one of attention.py's), bias and RoPE
+    positions; a LongT5 encoder's layout and blocked bias (models/long_attention.py)."""
+    length = features.tokens.shape[1]
+    if self.long_inputs:
+      layout = long_attention.long_layout(features.tokens > 0, features.segment_ids, self.cfg)
+      global_bias = None if self.global_bias is None else self.global_bias.bucketed()
+      return LayerInputs(layout, long_attention.long_bias(
+          layout, self.relative_bias.bucketed(), global_bias), None)
+    bias = None
+    if self.cfg.position == 't5_relative':
+      bias = (self.relative_bias.bucketed() if self.cfg.attention == 'flash'
+              else self.relative_bias(length, length))
+    return LayerInputs(
+        mask=mask(length, None if self.causal else features.tokens > 0,
+                  query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
+                  causal=self.causal, prefix=features.bidirectional),
+        bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
 
   def apply_with_cache(self, x: jax.Array, index: jax.Array, cache: DecodeCache
                        ) -> tuple[jax.Array, DecodeCache]:
