@@ -34,6 +34,24 @@ BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-1
             position='learned', embed_norm=True, use_bias=True, tie_embeddings=True, dropout=0.1)
 # The shipped presets, `--config=NAME` from any folder (installed with the package).
 PRESETS = pathlib.Path(__file__).parent / 'configs'
+# LongT5's pretraining (Guo et al. 2022): 4,096 inputs and 910 targets (span corruption's for
+# 4,096 inputs), of PEGASUS's principal sentences, 20% of them at most, as its parser set them
+LONG_T5_DATA = {'principal_sentences': dict(objective='principal_sentences', noise_density=0.2,
+                                            inputs_length=4096, targets_length=910),
+                'span_corruption': dict(objective='span_corruption', noise_density=0.15,
+                                        inputs_length=4096, targets_length=910)}
+
+
+def long_t5(config: ml_collections.ConfigDict, encoder_attention: str,
+            objective: str = 'principal_sentences') -> ml_collections.ConfigDict:
+  """`config` (a T5 v1.1 preset) as LongT5: its encoder (`encoder_attention` local or
+  transient_global, a radius of 127, global blocks of 16) and its pretraining (`LONG_T5_DATA`:
+  principal_sentences, or span_corruption at the same lengths)."""
+  if objective not in LONG_T5_DATA:
+    raise ValueError(f'LongT5 pretrains with {" or ".join(LONG_T5_DATA)}, not {objective!r}')
+  config.model.update(encoder_attention=encoder_attention, local_radius=127, global_block_size=16)
+  config.data.update(LONG_T5_DATA[objective])
+  return config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -52,15 +70,17 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
   data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
-  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra | seq2seq_lm
-  # (t5lite/objectives)
+  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | principal_sentences |
+  # electra | seq2seq_lm (t5lite/objectives)
   data.objective = 'span_corruption'
   # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
   # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
   # targets_length (inputs_length 0); prefix_lm: a decoder row of inputs_length + targets_length.
   data.inputs_length = 512  # encoder length after corruption
   data.targets_length = 114  # decoder length; random_spans_helper's value for 512 inputs
-  data.noise_density = 0.15  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3
+  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3; of sentences chosen at
+  # most: principal_sentences 0.2 (LongT5's)
+  data.noise_density = 0.15
   data.mean_noise_span_length = 3.0  # span_corruption's mean span; bart's Poisson lambda
   data.mode = ''  # text every example's inputs start with: UL2's mode tokens ('[NLU]', ...)
   data.batch_size = 128  # global, across all processes

@@ -25,16 +25,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TINY = os.path.join(ROOT, 'configs', 't5_tiny.py')
 # (inputs_length, targets_length) of each objective's test batches
 LENGTHS = {'span_corruption': (32, 8), 'mlm': (32, 0), 'mlm_nsp': (32, 0), 'causal_lm': (0, 32),
-           'prefix_lm': (16, 16), 'bart': (32, 32), 'electra': (32, 0), 'seq2seq_lm': (32, 32)}
+           'prefix_lm': (16, 16), 'bart': (32, 32), 'electra': (32, 0), 'seq2seq_lm': (32, 32),
+           'principal_sentences': (64, 16)}
 # SHA-256 of the first 3 batches of 4 rows (names and bytes of every feature, sorted), made by
 # the pipeline before the objectives moved into t5lite/objectives (commit 47ae0b5). A change of
 # TensorFlow's stateless random ops would change them too: regenerate with that commit's tree.
-# seq2seq_lm's (UL2's S-denoiser) is from the commit that added it.
+# seq2seq_lm's (UL2's S-denoiser) and principal_sentences' are from the commits that added them.
 BATCHES = {'span_corruption': '73f6e1bc800d79bb94581648', 'mlm': 'eafc57bc6a298a1be7c7175c',
            'mlm_nsp': '52560278ee8fd7372a5e8e89', 'causal_lm': '8581b499dad0ea9a05be1595',
            'prefix_lm': '8cfcc15eaa53747e9cf692c5', 'bart': '4a357fe9f1e6abd2ee885117',
            'electra': 'eafc57bc6a298a1be7c7175c',  # ELECTRA reads MLM's batches
-           'seq2seq_lm': 'd54e313241b4c6b50235b97e'}
+           'seq2seq_lm': 'd54e313241b4c6b50235b97e', 'principal_sentences': '2302b94f3f0ad5027e45c5b7'}
 
 
 def data_config(objective: str, batch_size: int = 4):
