@@ -20,6 +20,7 @@ from t5lite import files
 from t5lite import objectives
 from t5lite import paths
 from t5lite.inputs import mixture
+from t5lite.models import encoder_decoder
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
@@ -34,12 +35,10 @@ BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-1
             position='learned', embed_norm=True, use_bias=True, tie_embeddings=True, dropout=0.1)
 # The shipped presets, `--config=NAME` from any folder (installed with the package).
 PRESETS = pathlib.Path(__file__).parent / 'configs'
-# LongT5's pretraining (Guo et al. 2022): 4,096 inputs and 910 targets (span corruption's for
-# 4,096 inputs), of PEGASUS's principal sentences, 20% of them at most, as its parser set them
-LONG_T5_DATA = {'principal_sentences': dict(objective='principal_sentences', noise_density=0.2,
-                                            inputs_length=4096, targets_length=910),
-                'span_corruption': dict(objective='span_corruption', noise_density=0.15,
-                                        inputs_length=4096, targets_length=910)}
+# LongT5's pretraining (models/encoder_decoder.py), or span corruption at its lengths
+LONG_T5_DATA = {'principal_sentences': encoder_decoder.LONGT5_PRETRAINING,
+                'span_corruption': dict(encoder_decoder.LONGT5_PRETRAINING,
+                                        objective='span_corruption', noise_density=0.15)}
 
 
 def long_t5(config: ml_collections.ConfigDict, encoder_attention: str,

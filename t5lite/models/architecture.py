@@ -21,6 +21,9 @@ class StackShape(NamedTuple):
   length: int  # positions it runs over: the queries, and the keys of self-attention
   causal: bool  # a causal kernel skips half of the score and value matmuls
   cross_length: int | None = None  # encoder positions its cross-attention reads; None: none
+  # A LongT5 encoder: each query scores its 3 local blocks and the global tokens, not every
+  # position (models/long_attention.py `sizes`)
+  long_inputs: bool = False
 
 
 class Shapes(NamedTuple):

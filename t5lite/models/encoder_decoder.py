@@ -1,14 +1,15 @@
-"""model.arch='encoder_decoder': T5 (and Vaswani et al., BART, LongT5), a bidirectional encoder read
-by a causal decoder; T5ForConditionalGeneration, with learned positions BartForConditionalGeneration,
-and with a LongT5 encoder (`model.encoder_attention`) LongT5ForConditionalGeneration, both ways.
+"""model.arch='encoder_decoder': T5 (and Vaswani et al., BART, LongT5), a bidirectional encoder
+read by a causal decoder; T5ForConditionalGeneration, with learned positions
+BartForConditionalGeneration, and with a LongT5 encoder (`model.encoder_attention`)
+LongT5ForConditionalGeneration, both ways.
 
 Hugging Face keeps T5's relative attention bias only in block 0 of each stack, as we keep one
 table per stack; so does LongT5 with TGlobal's side bias table, while each of its encoder layers
-has its own layer norm of the global tokens. Tied heads: T5 v1.0 ties the lm head to the shared embedding and rescales by
-d_model**-0.5 (`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling.
-transformers 5.x may tie an unscaled head to the embedding (`scale_decoder_outputs: false`); such
-a checkpoint imports as an untied head holding a copy of the embedding, which computes the same
-logits.
+has its own layer norm of the global tokens. Tied heads: T5 v1.0 ties the lm head to the shared
+embedding and rescales by d_model**-0.5 (`tie_word_embeddings: true`). v1.1 has its own lm head
+and no rescaling. transformers 5.x may tie an unscaled head to the embedding
+(`scale_decoder_outputs: false`); such a checkpoint imports as an untied head holding a copy of
+the embedding, which computes the same logits.
 
 BART is BERT's layers in both stacks. HF's position p reads row p + 2 of its tables: the 2 rows
 before ours are written as zeros and dropped on import. BART's tied head has no d_model**-0.5
@@ -85,9 +86,10 @@ class EncoderDecoder(LanguageModel):
 
 
 def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
-  """The encoder over the inputs; the decoder (causal self-attention, cross-attention to all
-  inputs) and the lm head over the targets."""
-  return Shapes((StackShape(cfg, cfg.num_encoder_layers, inputs_length, causal=False),
+  """The encoder (dense or LongT5's) over the inputs; the decoder (causal self-attention,
+  cross-attention to all inputs) and the lm head over the targets."""
+  return Shapes((StackShape(cfg, cfg.num_encoder_layers, inputs_length, causal=False,
+                            long_inputs=cfg.encoder_attention != 'dense'),
                  StackShape(cfg, cfg.num_decoder_layers, targets_length, causal=True,
                             cross_length=inputs_length)),
                 logits_length=targets_length)
@@ -178,6 +180,10 @@ def t5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
   return fields, tensors
 
 
+# How LongT5 pretrained (Guo et al. 2022), and an imported one continues: 4,096 inputs and 910
+# targets (span corruption's for 4,096 inputs) of PEGASUS's principal sentences, 20% at most
+LONGT5_PRETRAINING = dict(objective='principal_sentences', noise_density=0.2, inputs_length=4096,
+                          targets_length=910)
 # LongT5's encoder attention: ours -> Hugging Face's encoder_attention_type and its layer's name
 LONGT5_ATTENTIONS = {'local': ('local', 'LocalSelfAttention'),
                      'transient_global': ('transient-global', 'TransientGlobalSelfAttention')}
@@ -341,6 +347,7 @@ FAMILY = Family(
                                       targets_length=min(cfg.max_length, 512))),
         HfModel('LongT5', 'LongT5ForConditionalGeneration', 'longt5', check=longt5_check,
                 config=longt5_config, table=longt5_table, text=hf_mapping.T5_TEXT,
-                load=longt5_load, fits=lambda cfg: cfg.encoder_attention != 'dense'),
+                load=longt5_load, fits=lambda cfg: cfg.encoder_attention != 'dense',
+                data=lambda cfg: LONGT5_PRETRAINING),
         HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
                 table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load)))

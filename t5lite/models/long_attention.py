@@ -29,6 +29,7 @@ the value matmul, as in the dense path.
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 from flax import nnx
 import jax
@@ -59,6 +60,23 @@ class LongBias:
   """T5's relative bias in the blocked shapes the scores have; built once per stack."""
   local: jax.Array  # (1, 1, h, B, 3B) float32: query i of a block, key j of its three blocks
   side: jax.Array | None  # (b, blocks, h, B, g) float32: query to global token
+
+
+class LongSizes(NamedTuple):
+  """What a LongT5 encoder layer computes over `length` tokens, as FLOP counts and memory
+  estimates read it."""
+  scored: int  # keys each query scores: its 3 blocks and the global tokens
+  held: int  # key (and value) positions held: each token 3 times (the 3-block copies), globals
+  global_tokens: int
+
+
+def sizes(cfg: ModelConfig, length: int) -> LongSizes:
+  """E.g. radius 127 and global blocks of 16 over 4,096 tokens: 384 + 256 keys scored."""
+  block = cfg.local_radius + 1
+  global_tokens = (length // cfg.global_block_size
+                   if cfg.encoder_attention == 'transient_global' else 0)
+  return LongSizes(3 * block + global_tokens, 3 * -(-length // block) * block + global_tokens,
+                   global_tokens)
 
 
 def long_layout(valid: jax.Array, segment_ids: jax.Array | None, cfg: ModelConfig) -> LongLayout:
@@ -154,7 +172,8 @@ def blockwise_attention(query: jax.Array, key: jax.Array, value: jax.Array, layo
   if side_value is not None:
     # (b, n, h, B, g) x (b, g, h, d) -> (b, n, B, h, d)
     out = out + jnp.einsum('bnhqg,bghd->bnqhd', weights[..., 3 * block:], side_value)
-  return out.reshape(out.shape[0], -1, *out.shape[3:])[:, :length]  # (b, n * B, h, d) -> (b, l, h, d)
+  out = out.reshape(out.shape[0], -1, *out.shape[3:])  # (b, n, B, h, d) -> (b, n * B, h, d)
+  return out[:, :length]
 
 
 def _blocks(x: jax.Array, block: int, axis: int) -> jax.Array:

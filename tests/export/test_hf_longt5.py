@@ -178,3 +178,39 @@ def test_export_refuses_what_longt5_cannot_be(tmp_path):
   with pytest.raises(ValueError, match="LongT5 models .norm_position='pre'.; got norm_position"):
     export_hf({}, dataclasses.replace(tiny('local'), norm_position='post'), str(tmp_path))
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow  # three commands in process: 266 s on 2 cores at a load of 15
+def test_a_transformers_longt5_through_the_command_line(tmp_path, capsys):
+  """A LongT5 made in transformers (sizes of its own) becomes a workdir with `import-hf` that
+  pretrains as LongT5 did, decodes as `generate` does with `infer`, and exports the same
+  tensors again."""
+  from t5lite import cli  # pylint: disable=import-outside-toplevel
+  from t5lite.data import vocabulary  # pylint: disable=import-outside-toplevel
+  config = transformers.LongT5Config(
+      vocab_size=8192, d_model=40, d_ff=56, d_kv=10, num_heads=2, num_layers=3,
+      num_decoder_layers=2, dropout_rate=0.0, feed_forward_proj='gated-gelu',
+      tie_word_embeddings=False, encoder_attention_type='transient-global', local_radius=6,
+      global_block_size=5, decoder_start_token_id=0)
+  hf = transformers.LongT5ForConditionalGeneration(config).eval()
+  hf.lm_head.weight = torch.nn.Parameter(torch.randn(8192, 40))
+  perturb_torch(hf, seed=8).save_pretrained(tmp_path / 'hf')
+  workdir, out = tmp_path / 'run', tmp_path / 'exported'
+  assert cli.main(['import-hf', f'--hf={tmp_path / "hf"}', f'--workdir={workdir}']) == 0
+  data = json.loads((workdir / 'config.json').read_text())['data']
+  assert (data['objective'], data['inputs_length'], data['targets_length']) == (
+      'principal_sentences', 4096, 910)
+  text = 'The committee met. It reported late, and the report was long.'
+  capsys.readouterr()
+  assert cli.main(['infer', f'--workdir={workdir}', f'--input={text}',
+                   '--max_decode_length=8']) == 0
+  ours = capsys.readouterr().out.splitlines()
+  vocab = vocabulary.load_vocabulary('bundled')
+  theirs, _ = hf_generate(hf, np.asarray([vocab.encode(text) + [1]]))
+  assert ours == [vocab.decode(theirs[0])]
+  assert cli.main(['export', f'--workdir={workdir}', f'--out={out}']) == 0
+  original = safetensors.numpy.load_file(str(tmp_path / 'hf' / 'model.safetensors'))
+  again = safetensors.numpy.load_file(str(out / 'model.safetensors'))
+  assert set(original) <= set(again)
+  for name in original:
+    np.testing.assert_allclose(again[name], original[name], rtol=1e-6, err_msg=name)
