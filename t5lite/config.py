@@ -41,13 +41,14 @@ LONG_T5_DATA = {'principal_sentences': encoder_decoder.LONGT5_PRETRAINING,
                                         objective='span_corruption', noise_density=0.15)}
 
 
-def long_t5(config: ml_collections.ConfigDict, encoder_attention: str,
+def long_t5(preset: str, encoder_attention: str,
             objective: str = 'principal_sentences') -> ml_collections.ConfigDict:
-  """`config` (a T5 v1.1 preset) as LongT5: its encoder (`encoder_attention` local or
+  """The shipped `preset` (a T5 v1.1 one) as LongT5: its encoder (`encoder_attention` local or
   transient_global, a radius of 127, global blocks of 16) and its pretraining (`LONG_T5_DATA`:
   principal_sentences, or span_corruption at the same lengths)."""
   if objective not in LONG_T5_DATA:
     raise ValueError(f'LongT5 pretrains with {" or ".join(LONG_T5_DATA)}, not {objective!r}')
+  config = load(str(PRESETS / f'{preset}.py'))
   config.model.update(encoder_attention=encoder_attention, local_radius=127, global_block_size=16)
   config.data.update(LONG_T5_DATA[objective])
   return config

@@ -247,24 +247,26 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
   """Activation bytes per device at their peak, as the backward pass starts.
 
   Every layer keeps `layer_bytes` of its remat policy until its backward pass (a LongT5
-  encoder's over its 3-block keys and global tokens: long_attention.sizes), and the encoder
-  output is kept for the cross-attentions. On top, the larger transient: the float32 logits
-  over the vocab (split over `tensor`) with their gradient, or, under remat, the tensors of the
-  one layer being recomputed.
+  encoder's over its 3-block keys and global tokens: long_attention.sizes, and TGlobal's side
+  bias, built once per stack), and the encoder output is kept for the cross-attentions. On top,
+  the larger transient: the float32 logits over the vocab (split over `tensor`) with their
+  gradient, or, under remat, the tensors of the one layer being recomputed.
   """
   shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
-  stacks = []
+  stacks, side_bias = [], 0.0
   for stack in shapes.stacks:
     long = long_attention.sizes(stack.cfg, stack.length) if stack.long_inputs else None
     stacks.append((stack.layers, layer_bytes(
         stack.cfg, b, stack.length, long.held if long else stack.length, tensor,
         cross_length=stack.cross_length or 0, scored=long.scored if long else None)))
+    if long:  # TGlobal's side bias, float32 (b, heads, l, g), and its int32 distances (b, l, g)
+      side_bias += b * stack.length * long.global_tokens * 4 * (stack.cfg.num_heads / tensor + 1)
   encoded = sum(b * (stack.cross_length or 0) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
                 for stack in shapes.stacks)
   kept = sum(count * layer[cfg.remat_policy] for count, layer in stacks)
   logits = 2 * b * shapes.logits_length * cfg.vocab_size * 4 / tensor
   recomputed = 0 if cfg.remat_policy == 'none' else max(layer['none'] for _, layer in stacks)
-  return kept + encoded + max(logits, recomputed)
+  return kept + encoded + side_bias + max(logits, recomputed)
 
 
 def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,

@@ -1,5 +1,5 @@
 """LongT5-Local large (Guo et al. 2022; 783M parameters): T5 v1.1 large's layers
-(configs/t5_1_1_large.py) with a local encoder, pretrained as the paper: 4,096 input and
+(`t5_1_1_large`) with a local encoder, pretrained as the paper: 4,096 input and
 910 target tokens of PEGASUS's principal sentences. `:span_corruption` pretrains with T5's span
 corruption at the same lengths instead.
 
@@ -7,12 +7,8 @@ corruption at the same lengths instead.
       --config.data.source=stores/c4
 """
 
-import os
-
 from t5lite import config as t5config
-
-T5_1_1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 't5_1_1_large.py')
 
 
 def get_config(objective: str = 'principal_sentences'):
-  return t5config.long_t5(t5config.load(T5_1_1), 'local', objective)
+  return t5config.long_t5('t5_1_1_large', 'local', objective)

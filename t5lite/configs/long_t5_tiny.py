@@ -6,17 +6,13 @@ principal sentences (`:span_corruption` for T5's span corruption at the same len
   t5lite train --config=long_t5_tiny --workdir=runs/long_t5_tiny
 """
 
-import os
-
 from t5lite import config as t5config
-
-T5_TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 't5_tiny.py')
 
 
 def get_config(objective: str = 'principal_sentences'):
-  config = t5config.long_t5(t5config.load(T5_TINY), 'transient_global', objective)
+  config = t5config.long_t5('t5_tiny', 'transient_global', objective)
   config.model.update(d_model=128, d_ff=512, num_heads=4, d_kv=32, num_encoder_layers=2,
                       num_decoder_layers=2)
-  config.data.update(batch_size=8)
+  config.data.update(batch_size=4)
   config.train.update(log_every=10, eval_every=100, eval_batches=2)
   return config

@@ -122,15 +122,28 @@ def long_bias(layout: LongLayout, local: BucketedBias, side: BucketedBias | None
   local_bias = local.dense(block, 3 * block, query_offset=block)[:, None]  # (1, 1, h, B, 3B)
   if side is None:
     return LongBias(local_bias, None)
-  num_globals = layout.global_examples.shape[1]
-  # The bias depends on a token's slot s alone: g - s for every slot s = -1 (none) .. g - 1.
-  by_slot = side.dense(num_globals + 1, num_globals, query_offset=-1)[0]  # (h, g + 1, g)
-  # (b, l, g + 1) x (h, g + 1, g) -> (b, h, l, g): a one-hot matmul, whose table gradient is a
-  # matmul too (no scatter-add, so the same on every run: positions.BucketedBias.dense)
-  one_hot = jax.nn.one_hot(layout.global_slots + 1, num_globals + 1, dtype=jnp.float32)
-  side_bias = jnp.einsum('bls,hsg->bhlg', one_hot, by_slot, precision=jax.lax.Precision.HIGHEST)
-  side_bias = _blocks(side_bias, block, axis=2)  # (b, h, blocks, B, g)
-  return LongBias(local_bias, jnp.swapaxes(side_bias, 1, 2))  # (b, blocks, h, B, g)
+  # distance in blocks from each token's own to each global token: (b, l, g) -> (b, n, B, g)
+  relative = jnp.arange(layout.global_examples.shape[1]) - layout.global_slots[:, :, None]
+  return LongBias(local_bias, side_bias(_blocks(relative, block, axis=1), side))
+
+
+def side_bias(relative: jax.Array, side: BucketedBias) -> jax.Array:
+  """relative (b, n, B, g) distances in blocks -> (b, n, h, B, g) float32 bias of the side table.
+
+  A one-hot matmul, whose table gradient is a matmul too (no gather's scatter-add: the same on
+  every run, as positions.BucketedBias.dense), a block of queries at a time and made again for
+  the backward pass: the one-hot (b, B, g, buckets) is buckets / heads times the bias.
+  """
+  table = side.table.astype(jnp.float32)
+
+  @jax.checkpoint
+  def block_bias(block_relative):  # (b, B, g) -> (b, h, B, g)
+    one_hot = jax.nn.one_hot(side.buckets(block_relative), side.buckets.num_buckets,
+                             dtype=jnp.float32)  # (b, B, g, buckets)
+    # (b, B, g, buckets) x (buckets, h) -> (b, h, B, g)
+    return jnp.einsum('bqgn,nh->bhqg', one_hot, table, precision=jax.lax.Precision.HIGHEST)
+
+  return jnp.moveaxis(jax.lax.map(block_bias, jnp.moveaxis(relative, 1, 0)), 0, 1)
 
 
 def global_sums(x: jax.Array, layout: LongLayout) -> jax.Array:

@@ -19,6 +19,7 @@ import safetensors.numpy
 from t5lite.export import export_hf, import_hf
 from t5lite.models import ModelConfig, decoding
 from t5lite.token_ids import PAD_ID
+from tests.export import test_hf
 from tests.export.hf_testing import (assert_imports_as_exported, our_model, perturb_torch,
                                      perturbed_params)
 
@@ -47,20 +48,13 @@ def encoder_inputs() -> np.ndarray:
   return tokens.astype(np.int32)
 
 
-def hf_logits(hf, encoder: np.ndarray, decoder: np.ndarray) -> np.ndarray:
-  encoder = torch.tensor(encoder, dtype=torch.long)
-  with torch.no_grad():
-    return hf(input_ids=encoder, attention_mask=(encoder > 0).long(),
-              decoder_input_ids=torch.tensor(decoder, dtype=torch.long)).logits.numpy()
-
-
 def logit_diff(model, hf, seed: int) -> float:
   encoder = encoder_inputs()
   decoder = np.random.RandomState(seed).randint(2, 128, (3, DECODER_LENGTH))
   decoder[:, 0] = PAD_ID
   ours = np.asarray(model({'encoder_input_tokens': jnp.asarray(encoder),
                            'decoder_input_tokens': jnp.asarray(decoder, jnp.int32)}))
-  return float(np.abs(ours - hf_logits(hf, encoder, decoder)).max())
+  return float(np.abs(ours - test_hf.hf_logits(hf, encoder, decoder)).max())
 
 
 @pytest.fixture(scope='module', params=sorted(KINDS))
@@ -89,22 +83,8 @@ def test_export_matches_transformers(exported):
 def test_a_packed_row_gives_what_transformers_gives_each_example_alone(exported):
   """What transformers' LongT5 cannot do: two examples in one row (encoder and decoder)."""
   cfg, params, _, hf = exported
-  rng = np.random.RandomState(5)
-  examples = [(rng.randint(2, 128, e), np.concatenate([[PAD_ID], rng.randint(2, 128, d - 1)]))
-              for e, d in ((14, 3), (9, 3))]  # 14 tokens: 3 global blocks, 2 orphans
-  batch = {}
-  for side, index, length in (('encoder', 0, ENCODER_LENGTH + 2), ('decoder', 1, DECODER_LENGTH)):
-    parts = [example[index] for example in examples]
-    pad = (0, length - sum(map(len, parts)))
-    batch[f'{side}_input_tokens'] = np.pad(np.concatenate(parts), pad)[None]
-    batch[f'{side}_segment_ids'] = np.pad(np.repeat([1, 2], list(map(len, parts))), pad)[None]
-  logits = np.asarray(our_model(cfg, params)(
-      {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}))[0]
-  start, diff = 0, 0.0
-  for encoder, decoder in examples:
-    alone = hf_logits(hf, encoder[None], decoder[None])[0]
-    diff = max(diff, np.abs(logits[start:start + len(decoder)] - alone).max())
-    start += len(decoder)
+  diff = test_hf.packed_diff(our_model(cfg, params), hf, seed=5, sizes=((14, 3), (9, 3)),
+                             lengths=(ENCODER_LENGTH + 2, DECODER_LENGTH))  # 14: 2 orphans
   print(f'LongT5 {cfg.encoder_attention} packed max |logit diff| {diff:.2e}')
   assert diff < TOLERANCE
 
