@@ -18,8 +18,8 @@ inputs and targets of 128 (configs/ul2_tiny.py's) and of 512 (UL2's), batch 32:
 - with --diagnose, where UL2's mixing cost is: `single_again` (the single source in a second
   child: the method's noise floor), `same6` (six components of R's span corruption (0.15, 3) with
   its mode, [NLU]: mixing one objective's rows alike) and `lengths6` (the same six, but with modes
-  of 0, 1 and 2 texts: rows of three raw lengths, 568, 561 and 554 at 512, and nothing else
-  different).
+  of 0, 1 and 2 texts: rows of three raw lengths, 568, 567 and 566 at 512 (568, 561 and 554
+  with bundled-v1's seven-piece modes), and nothing else different).
 
 How: paired rounds. Each pipeline runs as it trains (parallel maps, prefetch, one tf.data
 thread) in a child process of its own, every child held to this process's first core. All are

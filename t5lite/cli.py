@@ -38,6 +38,8 @@ def load_run_config(args, overrides):
     config = config_lib.from_workdir(args.workdir)
   config_lib.override(config, overrides)
   config_lib.model_config(config)  # fail on a bad model before anything else happens
+  if getattr(args, 'workdir', None):
+    config_lib.check_workdir_vocabulary(config, args.workdir)
   return config
 
 

@@ -19,6 +19,7 @@ import ml_collections
 from t5lite import files
 from t5lite import objectives
 from t5lite import paths
+from t5lite.data import vocabulary
 from t5lite.inputs import mixture
 from t5lite.models import encoder_decoder
 from t5lite.models import registry
@@ -127,15 +128,19 @@ def _train_defaults() -> ml_collections.ConfigDict:
 
 
 def _spikes_defaults() -> ml_collections.ConfigDict:
-  """Loss spikes (t5lite/train/spikes.py): a step whose loss or gradient norm is not finite, or
-  lies more than `threshold` deviations above its moving mean, and what is done about it."""
+  """Loss spikes (t5lite/train/spikes.py): a step whose loss or gradient norm is not finite, whose
+  loss is `ceiling` times the run's first, or which lies more than `threshold` deviations above
+  its moving mean; and what is done about it."""
   spikes = ml_collections.ConfigDict()
   # off: a NaN or Inf loss stops the run, a finite spike goes on | stop: any spike stops the run
   # | skip: a spike's update is not applied | rollback: back to the checkpoint before the spike,
   # its batches skipped
   spikes.policy = 'off'
-  spikes.window = 100  # steps in the moving mean and variance; no decision before this many
-  spikes.threshold = 8.0  # deviations above the mean that make a spike (loss or gradient norm)
+  spikes.window = 100  # steps in the moving mean and variance
+  # deviations above the mean that make a spike (loss or gradient norm), once 10 healthy steps
+  # (or `window`, if fewer) are in the statistics
+  spikes.threshold = 8.0
+  spikes.ceiling = 4.0  # from the second step, a loss above this many times the first is a spike
   spikes.skip_limit = 5  # skip: skips within skip_window steps; the next spike rolls back
   spikes.skip_window = 1000
   spikes.rollback_skip_after = 20  # rollback: batches skipped past the spike's own
@@ -338,12 +343,48 @@ def from_workdir(workdir: str) -> ml_collections.ConfigDict:
   if missing:
     raise ValueError(f'{path} is not a saved t5lite config: no {missing[0]} section')
   config = from_saved(saved, str(path))
+  recorded = recorded_vocabulary(workdir)
+  if recorded is not None and recorded['name'] == vocabulary.BUNDLED_V1:  # made before 2026-12-04
+    config.data.vocabulary = vocabulary.BUNDLED_V1
   try:  # what a run saved passed these; a value edited out of range since is the file's fault
     validate(config)
     model_config(config)
   except ValueError as error:
     raise ValueError(f'{path}: {error}') from None
   return config
+
+
+def recorded_vocabulary(workdir: str) -> dict | None:
+  """The vocabulary `workdir` was made with, as its vocabulary.json records it (checked as
+  vocabulary.IDENTITY). A workdir made before t5lite recorded it (2026-12-04) whose config names
+  'bundled' was made with 'bundled-v1', the bundled model then; of another, None: unknown."""
+  path = paths.path(workdir) / vocabulary.RECORD_FILE
+  if not path.exists():
+    return (vocabulary.load_vocabulary(vocabulary.BUNDLED_V1).identity(vocabulary.BUNDLED_V1)
+            if _names_bundled(workdir) else None)
+  recorded = files.read_json(path)
+  files.check_schema(recorded, vocabulary.IDENTITY, files.named(path))
+  return recorded
+
+
+def _names_bundled(workdir: str) -> bool:
+  """Whether `workdir` holds a config.json whose data.vocabulary is 'bundled'."""
+  path = paths.path(workdir) / 'config.json'
+  if not path.is_file():
+    return False
+  data = files.read_json(path).get('data')
+  return isinstance(data, dict) and data.get('vocabulary') == vocabulary.BUNDLED
+
+
+def check_workdir_vocabulary(config: ml_collections.ConfigDict, workdir: str,
+                             flag: str = '--workdir') -> None:
+  """Refuses, in one line naming both digests, config.data.vocabulary where `workdir` (given as
+  `flag`) was made with another vocabulary, under the same name or not: its ids would mean other
+  pieces. A workdir made before the record with another than the bundled one is not checked."""
+  recorded = recorded_vocabulary(workdir)
+  if recorded is not None:
+    vocabulary.load_vocabulary(config.data.vocabulary).check_same(
+        recorded, f'data.vocabulary={config.data.vocabulary!r}', f'{flag} {workdir}')
 
 
 def from_saved(saved: dict, where: str = 'the saved config') -> ml_collections.ConfigDict:

@@ -147,6 +147,8 @@ KINDS = [
     Kind('workdir-config', 'run/config.json', resume(1), RUN, 'json', 40, or_names='run',
          or_says='mesh.'),
     Kind('workdir-metrics', 'run/metrics.jsonl', resume(2), RUN, 'jsonl', 2),
+    # another digest, still 64 hex digits: named by the workdir, as another vocabulary is
+    Kind('workdir-vocabulary', 'run/vocabulary.json', resume(1), RUN, 'json', 20, or_names='run'),
     # its checkpoint's files that orbax reads as JSON (the line names the checkpoint)
     Kind('checkpoint-metadata', 'run/checkpoints/1/_CHECKPOINT_METADATA', resume(1), RUN, 'json',
          6, or_names='run/checkpoints'),

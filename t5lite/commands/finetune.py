@@ -50,6 +50,7 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
                        'resume it with its own task or use a new --workdir')
     config = saved
     config_lib.override(config, list(overrides))
+    config_lib.check_workdir_vocabulary(config, workdir)
     return run(workdir, config, None)
   if not task:
     raise ValueError(f'give --task ({tasks.SENTIMENT} or a .tsv/.jsonl file of input and '
@@ -58,10 +59,13 @@ def finetune(workdir: str, *, pretrained: str | None = None, hf_dir: str | None 
   check_apart(workdir, source, '--from' if hf_dir is None else '--hf')
   base, init_params = pretrained_start(pretrained, hf_dir)
   config = finetune_config(base, task, inputs_key, targets_key, list(overrides))
+  if pretrained is not None:
+    config_lib.check_workdir_vocabulary(config, pretrained, '--from')
   config.finetune = ml_collections.ConfigDict(
       {'source': canonical(source), 'hf': hf_dir is not None, 'random_init': random_init})
   if saved is not None:
     check_same_finetune(workdir, saved, config)
+    config_lib.check_workdir_vocabulary(config, workdir)
   return run(workdir, config, None if random_init else init_params)
 
 

@@ -66,9 +66,10 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
     config.data.vocabulary = imported_vocabulary
   config_lib.override(config, overrides)
   copy_vocabulary = proto is not None and config.data.vocabulary == imported_vocabulary
+  vocab = (vocabulary.Vocabulary(proto, hf_dir) if copy_vocabulary
+           else vocabulary.load_vocabulary(config.data.vocabulary))
   if copy_vocabulary:  # checked from memory: the file is written with the checkpoint
-    run_lib.check_vocabulary(vocabulary.Vocabulary(proto, hf_dir),
-                             config_lib.model_config(config), f'the vocabulary of {hf_dir}')
+    run_lib.check_vocabulary(vocab, config_lib.model_config(config), f'the vocabulary of {hf_dir}')
   run = run_lib.make_run(config, reads_text=not copy_vocabulary)
   if run.model_cfg.scan_layers:
     params = models.stack_layers(params)
@@ -81,7 +82,7 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   if fresh:
     print(f'warning: {hf_dir} holds no {", ".join(fresh)}; they start as a new run\'s do '
           f'(train.seed={config.train.seed})', file=sys.stderr)
-  loop.record_config(workdir, config)
+  loop.record_config(workdir, config, vocab)
   if copy_vocabulary:
     (folder / tokenizer.SPIECE_FILE).write_bytes(proto)
   checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)

@@ -19,6 +19,7 @@ activations.
   t5lite plan --config=t5_1_1_xl --topology=v4-32
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -220,7 +221,8 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
 
   none, per sublayer: its input, the residual stream (b, length, d_model) in the compute dtype
   (norm outputs are recomputed inside fusions); attention: q and the attention output over the
-  queries, k and v over the keys, and the float32 softmax probabilities (b, heads, q, k); MLP:
+  queries, k and v over the keys, and the float32 softmax probabilities (b, heads, q, k) (the
+  flash kernel's: a float32 max and sum per query and head instead); MLP:
   the outputs of its input projections, (b, length, d_ff), two when gated (the activation and
   the gating product are recomputed in fusions). Heads and d_ff are split over `tensor`,
   d_model activations are not. cross_length > 0 adds cross-attention to that many keys.
@@ -231,12 +233,13 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   """
   s = jnp.dtype(cfg.dtype).itemsize
   inner = cfg.num_heads * cfg.d_kv * s / tensor  # bytes per position of q, k, v or their output
-  probs = cfg.num_heads * 4 / tensor  # bytes per (query, key) pair
+  probs = cfg.num_heads * 4 / tensor  # bytes per (query, key) pair, or 2 per query (flash)
   residual = length * cfg.d_model * s
   mlp = (2 if cfg.is_gated else 1) * length * cfg.d_ff * s / tensor
   keys = [(kv_length, scored or kv_length)] + ([(cross_length,) * 2] if cross_length else [])
-  none = sum(residual + 2 * length * inner + 2 * k * inner + length * per_query * probs
-             for k, per_query in keys)
+  flash = cfg.attention == 'flash'
+  scores = [length * (2 if flash else per_query) * probs for _, per_query in keys]
+  none = sum(residual + 2 * length * inner + 2 * k * inner + p for (k, _), p in zip(keys, scores))
   dots = sum(length * inner + 2 * k * inner + residual for k, _ in keys)
   return {'none': b * (none + residual + mlp), 'save_dots': b * (dots + residual + mlp),
           'full': b * residual}
@@ -299,10 +302,14 @@ def analytic_memory(model_cfg: ModelConfig, config, spec, batch, mesh,
 def compile_train_step(run: run_lib.Run, loss, batch):
   """The train step exactly as `loop.train` jits it (shardings, donation), compiled for the run's
   mesh from abstract values: nothing is allocated, and the devices need not be attached."""
-  with run.sharding():
+  platform = run.mesh.devices.flat[0].platform
+  kernels = contextlib.nullcontext()
+  if run.model_cfg.attention == 'flash':  # its kernels compiled for the devices, not interpreted
+    from t5lite.models import flash_attention  # pylint: disable=import-outside-toplevel
+    kernels = flash_attention.compiling_for(platform)
+  with run.sharding(), kernels:
     lowered = run.jit_train_step(loss).lower(run.spec.abstract, batch, loss.frozen_params)
-  cpu = run.mesh.devices.flat[0].platform == 'cpu'
-  return lowered.compile(CPU_COMPILE_OPTIONS if cpu else None)
+  return lowered.compile(CPU_COMPILE_OPTIONS if platform == 'cpu' else None)
 
 
 def compiled_memory(compiled) -> dict[str, int]:

@@ -57,8 +57,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
   manifest = {
       'format': store.FORMAT, 'part': part,
       'dtype': store.token_dtype(vocab.vocab_size).str,
-      'vocabulary': {'name': vocabulary, 'sha256': store.vocabulary_digest(vocab),
-                     'size': vocab.vocab_size},
+      'vocabulary': vocab.identity(vocabulary),
       'source': source, 'text_key': text_key, 'validation_fraction': validation_fraction,
       'inputs': [item.name for item in mine],
       'checksums': {'algorithm': 'crc32c', 'block_bytes': store.BLOCK_BYTES}}

@@ -30,7 +30,6 @@ import bisect
 import collections
 import concurrent.futures
 import functools
-import hashlib
 import itertools
 import os
 import queue
@@ -70,10 +69,6 @@ def part_name(index: int, count: int) -> str:
 
 def token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype('<u2' if vocab_size <= 1 << 16 else '<u4')
-
-
-def vocabulary_digest(vocab: vocabulary_lib.Vocabulary) -> str:
-  return hashlib.sha256(vocab.model_proto).hexdigest()
 
 
 def is_store(source: str) -> bool:
@@ -343,10 +338,7 @@ class Store:
     return done
 
   def check_vocabulary(self, vocab: vocabulary_lib.Vocabulary, name: str) -> None:
-    if self.vocabulary['sha256'] != vocabulary_digest(vocab):
-      raise ValueError(f'{self._flag}: {self.path} was prepared with the vocabulary '
-                       f'{self.vocabulary["name"]!r} (sha256 {self.vocabulary["sha256"][:12]}), '
-                       f'not data.vocabulary={name!r}; prepare it again or set data.vocabulary')
+    vocab.check_same(self.vocabulary, f'data.vocabulary={name!r}', f'{self._flag}: {self.path}')
     if self.vocabulary['size'] != vocab.vocab_size:
       raise ValueError(f'{self._flag}: {self.path}: its manifests say its vocabulary has '
                        f'{self.vocabulary["size"]:,} ids, data.vocabulary={name!r} (the same '
@@ -439,10 +431,7 @@ def _manifest_schema(part: str) -> dict:
       'format': files.Field(str, lambda f: f == FORMAT, repr(FORMAT)),
       'part': files.Field(str, lambda p: p == part, f'{part!r}, as its file is named'),
       'dtype': files.Field(str, lambda d: d in DTYPES, ' or '.join(map(repr, DTYPES))),
-      'vocabulary': {'name': str,
-                     'sha256': files.Field(str, lambda h: re.fullmatch('[0-9a-f]{64}', h),
-                                           'a SHA-256 (64 hex digits)'),
-                     'size': files.Field(int, lambda n: n > 0, 'a size (at least 1)')},
+      'vocabulary': vocabulary_lib.IDENTITY,
       'source': str, 'text_key': str, 'inputs': [str],
       'validation_fraction': files.Field(float, lambda f: 0 <= f < 1, 'in [0, 1)'),
       'documents': counts, 'tokens': counts,

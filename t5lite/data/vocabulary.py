@@ -7,19 +7,20 @@ pieces `<extra_id_0>` is id 8099, `<extra_id_1>` 8098, ..., `<extra_id_99>` 8000
 `train_tokenizer` reserves UL2's mode tokens as pieces of their own, ids 3, 4 and 5
 ('▁[NLU]', '▁[NLG]', '▁[S2S]': a mode at the start of a text or after a space is one id).
 
-The bundled `vocab.model` is a unigram model of 8,000 pieces trained on the bundled corpus
-(about 30 CPU-seconds) by `train_tokenizer` as it was before it reserved the mode tokens, which
-made it byte for byte (sha256 356521ec85a9) with
+The bundled `vocab.model` ('bundled') is a unigram model of 8,000 pieces trained on the bundled
+corpus (about 30 CPU-seconds; sha256 0d31e49c9b56), byte for byte by
 
   t5lite tokenizer --input=bundled --vocab_size=8000 --out=t5lite/data/bundled --overwrite
 
-(--overwrite: the folder holds the corpus too, which stays as it is). It has no mode token, nor
-`[` or `]`: '[NLU]' is 6 ids there, ▁ <unk> N L U <unk>. It is kept: running that today would
-move every other id up by three under the workdirs made with it, which record the vocabulary by
-name only ('bundled'), not by digest as a token store does.
+(--overwrite: the folder holds the corpus too, which stays as it is). Until 2026-12-04 it was
+`vocab-v1.model` ('bundled-v1', sha256 356521ec85a9), trained before the mode tokens were
+reserved: '[NLU]' is 6 ids there (▁ <unk> N L U <unk>), and every other piece's id is 3 less.
+It ships for the workdirs and stores made with it: a workdir of then records no vocabulary, and
+its 'bundled' is read as 'bundled-v1' (t5lite/config.py).
 """
 
 import functools
+import hashlib
 import importlib.resources
 import io
 import os
@@ -40,7 +41,16 @@ NUM_SENTINELS = 100
 MODE_TOKENS = ('[NLU]', '[NLG]', '[S2S]')  # UL2's (t5lite/objectives/ul2.py), one piece each
 SENTENCE_ENDS = ('.', '!', '?')
 BUNDLED = 'bundled'
+BUNDLED_V1 = 'bundled-v1'  # the bundled model before 2026-12-04, of the workdirs made with it
+BUNDLED_FILES = {BUNDLED: 'bundled/vocab.model', BUNDLED_V1: 'bundled/vocab-v1.model'}
 VOCAB_FILE = 'vocab.model'  # what `train_tokenizer` writes in its folder
+# What a workdir records of the vocabulary it was made with: the same as a token store's
+# manifest holds (data/store.py), its name, the SHA-256 of its model and its ids
+RECORD_FILE = 'vocabulary.json'
+IDENTITY = {'name': str,
+            'sha256': files.Field(str, lambda h: re.fullmatch('[0-9a-f]{64}', h) is not None,
+                                  'a SHA-256 (64 hex digits)'),
+            'size': files.Field(int, lambda n: n > 0, 'a size (at least 1)')}
 
 _SENTINEL = re.compile(r'<extra_id_(\d+)>')
 # SentencePiece trains on "sentences" and skips long ones; whole speeches are single lines.
@@ -64,6 +74,24 @@ class Vocabulary:
                        'train one with `t5lite tokenizer`')
     self.num_pieces = self._sp.get_piece_size()
     self.vocab_size = self.num_pieces + NUM_SENTINELS
+    # what the vocabulary is, whatever its path: a model retrained under the same name is another
+    self.digest = hashlib.sha256(model_proto).hexdigest()
+
+  def identity(self, name: str) -> dict:
+    """What a workdir or a token store records of the vocabulary it was made with (IDENTITY)."""
+    return {'name': name, 'sha256': self.digest, 'size': self.vocab_size}
+
+  def check_same(self, recorded: dict, name: str, made: str) -> None:
+    """Refuses this vocabulary (`name`: how the user gave it) where `made` (a workdir, a store)
+    was made with the `recorded` one, in one line naming both digests."""
+    if recorded['sha256'] != self.digest:
+      same = [bundled for bundled in BUNDLED_FILES
+              if load_vocabulary(bundled).digest == recorded['sha256']]
+      raise ValueError(
+          f'{made} was made with the vocabulary {recorded["name"]!r} (sha256 '
+          f'{recorded["sha256"][:12]}), and {name} is another (sha256 {self.digest[:12]}): its '
+          'ids would mean other pieces; give the vocabulary it was made with'
+          + (f' (--config.data.vocabulary={same[0]})' if same else ''))
 
   def sentinel_id(self, n: int) -> int:
     """Id of `<extra_id_n>`: T5 counts sentinels down from the last id."""
@@ -143,10 +171,11 @@ def _check_whole_model(model_proto: bytes, name: str) -> None:
 
 @functools.lru_cache(maxsize=4)
 def load_vocabulary(name: str = BUNDLED, flag: str = 'data.vocabulary') -> Vocabulary:
-  """'bundled' (the package's vocab.model) or the path of a SentencePiece .model; errors name
-  `flag`, the setting the user gave it with (prepare's --vocabulary)."""
-  if name == BUNDLED:
-    proto = importlib.resources.files('t5lite.data').joinpath('bundled/vocab.model').read_bytes()
+  """'bundled' (the package's vocab.model), 'bundled-v1' (the one before 2026-12-04) or the path
+  of a SentencePiece .model; errors name `flag`, the setting the user gave it with (prepare's
+  --vocabulary)."""
+  if name in BUNDLED_FILES:
+    proto = importlib.resources.files('t5lite.data').joinpath(BUNDLED_FILES[name]).read_bytes()
   elif not paths.path(name).exists():
     raise ValueError(f'{flag}: no such file {name!r} (use "bundled" or a .model path)')
   else:

@@ -31,14 +31,16 @@ HEADS = ('batch', 'length', 'heads', 'kv')  # logical axes of per-head activatio
 def attention_mask(query_length: int, key_valid: jax.Array | None = None, *,
                    query_segment_ids: jax.Array | None = None,
                    key_segment_ids: jax.Array | None = None, causal: bool = False,
-                   prefix: jax.Array | None = None) -> jax.Array:
+                   prefix: jax.Array | None = None, window: int | None = None) -> jax.Array:
   """A (b or 1, 1, q, k) boolean mask: True where a query may attend to a key.
 
   key_valid (b, k) hides padding; segment ids (b, q) and (b, k) keep packed examples apart;
   causal hides later keys. E.g. query segments [1, 1, 2] and key segments [1, 1, 2, 0] with
   key_valid [1, 1, 1, 0]: row 0 is [T, T, F, F] and row 2 is [F, F, T, F]. A prefix LM's
   `prefix` (b, q) (seqio's decoder_causal_attention) lets its positions see each other
-  whatever the order: prefix [1, 1, 0] makes causal row 0 [T, T, F].
+  whatever the order: prefix [1, 1, 0] makes causal row 0 [T, T, F]. A local `window` hides
+  keys more than that many positions away (LongT5's local attention): window 1 makes row 0
+  [T, T, F, F].
   """
   mask = jnp.ones((1, 1, query_length, 1), bool)
   if key_valid is not None:
@@ -52,29 +54,36 @@ def attention_mask(query_length: int, key_valid: jax.Array | None = None, *,
       prefix = prefix.astype(bool)
       visible = visible | (prefix[:, :, None] & prefix[:, None, :])[:, None]  # (b, 1, q, k)
     mask = mask & visible
+  if window is not None:
+    key_length = query_length if key_valid is None else key_valid.shape[1]
+    distance = jnp.arange(key_length)[None, :] - jnp.arange(query_length)[:, None]  # (q, k)
+    mask = mask & (jnp.abs(distance) <= window)
   return mask
 
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=['query_segments', 'key_segments', 'prefix'],
-                   meta_fields=['causal'])
+                   meta_fields=['causal', 'window'])
 @dataclasses.dataclass(frozen=True)
 class AttentionLayout:
   """Who may attend to whom as ids per position, the flash kernel's form of `attention_mask`.
 
   A query sees the keys of its segment (a key in segment -1: no query), and if causal, none after
-  it unless both are in the prefix. Causal layouts are self-attention with one set of ids.
+  it unless both are in the prefix, and with a window none further than `window` positions.
+  Causal layouts are self-attention with one set of ids.
   """
   query_segments: jax.Array  # (b|1, q) int32
   key_segments: jax.Array  # (b|1, k) int32
   prefix: jax.Array | None  # (b, q) prefix LM: nonzero where attention is bidirectional
   causal: bool
+  window: int | None = None  # |query position - key position| <= window (local attention)
 
 
 def attention_layout(query_length: int, key_valid: jax.Array | None = None, *,
                      query_segment_ids: jax.Array | None = None,
                      key_segment_ids: jax.Array | None = None, causal: bool = False,
-                     prefix: jax.Array | None = None) -> AttentionLayout:
+                     prefix: jax.Array | None = None, window: int | None = None
+                     ) -> AttentionLayout:
   """`attention_mask`'s arguments as an AttentionLayout, which the same rules make the same mask.
 
   E.g. key_valid [1, 1, 1, 0] and segments [1, 1, 2, 0]: key segments [1, 1, 2, -1]. Without
@@ -90,7 +99,7 @@ def attention_layout(query_length: int, key_valid: jax.Array | None = None, *,
     if causal:
       raise ValueError('a causal layout hides keys by segment, not by key_valid')
     key_ids = jnp.where(key_valid, key_ids, -1)
-  return AttentionLayout(query_ids, key_ids, prefix, causal)
+  return AttentionLayout(query_ids, key_ids, prefix, causal, window)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=['key_lengths'],
@@ -107,12 +116,14 @@ class PaddedRows:
 def padded_rows(query_length: int, key_valid: jax.Array | None = None, *,
                 query_segment_ids: jax.Array | None = None,
                 key_segment_ids: jax.Array | None = None, causal: bool = False,
-                prefix: jax.Array | None = None) -> PaddedRows:
-  """`attention_mask`'s arguments for rows of one example (no segment ids, no prefix) as
-  PaddedRows: key_valid [1, 1, 1, 0] is 3 keys. A row's keys are those up to its last valid one."""
+                prefix: jax.Array | None = None, window: int | None = None) -> PaddedRows:
+  """`attention_mask`'s arguments for rows of one example (no segment ids, no prefix, no window)
+  as PaddedRows: key_valid [1, 1, 1, 0] is 3 keys. A row's keys are those up to its last valid
+  one."""
   del query_length  # every query of a row is the row's
-  if query_segment_ids is not None or key_segment_ids is not None or prefix is not None:
-    raise ValueError('padded rows are one example each: no segment ids, no prefix')
+  if (query_segment_ids is not None or key_segment_ids is not None or prefix is not None
+      or window is not None):
+    raise ValueError('padded rows are one example each: no segment ids, no prefix, no window')
   if key_valid is None:
     return PaddedRows(None, causal)
   positions = jnp.arange(1, key_valid.shape[1] + 1, dtype=jnp.int32)
@@ -123,7 +134,8 @@ def kernel_for(attention: str, dtype: str, platform: str | None = None,
                platform_version: str = '') -> str:
   """The kernel 'auto' means on `platform` (a jax platform: 'gpu', 'tpu', 'cpu'; None: JAX's
   default backend): cuDNN's fused attention on NVIDIA GPUs in 16 bits (it takes no float32),
-  else XLA's. Others are themselves."""
+  else XLA's, on TPUs too until a TPU has run the flash kernel (which compiles for them: see
+  docs/tpu.md). Others are themselves."""
   if attention != 'auto':
     return attention
   if platform is None:
@@ -145,7 +157,7 @@ def flash(query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionL
          'prefix': layout.prefix, 'table': None if bias is None else bias.table}
 
   def attend(query, key, value, ids):
-    return kernel.flash_attention(query, key, value, causal=layout.causal,
+    return kernel.flash_attention(query, key, value, causal=layout.causal, window=layout.window,
                                   buckets=None if bias is None else bias.buckets, **ids)
 
   heads = mesh_spec(('batch', None, 'heads', 'kv'))

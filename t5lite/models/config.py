@@ -62,7 +62,7 @@ class ModelConfig:
   # auto (what the devices do fastest: cudnn on NVIDIA GPUs in bfloat16 or float16, else xla;
   # `models.attention.kernel_for`, for a run's mesh by make_run) | xla | cudnn
   # (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias computed in the
-  # kernel: models/flash_attention.py)
+  # kernel, Triton's on GPUs and Mosaic's on TPUs: models/flash_attention.py)
   attention: str = 'auto'
   # The encoder's self-attention (an encoder-decoder's, T5's relative positions): dense (every
   # token) | local (LongT5: the tokens within local_radius) | transient_global (LongT5: local plus

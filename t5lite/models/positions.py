@@ -18,6 +18,33 @@ from t5lite.models.config import ModelConfig
 from t5lite.models.layers import param
 
 
+@functools.cache
+def bucket_thresholds(num_buckets: int, max_distance: int) -> tuple[int, ...]:
+  """The smallest distance of each logarithmic bucket of one direction, in integers.
+
+  T5 puts a distance d >= max_exact = num_buckets // 2 in bucket
+  max_exact + floor(log(d / max_exact) / log(max_distance / max_exact) * (num_buckets - max_exact))
+  (capped at num_buckets - 1), so d reaches bucket max_exact + k exactly when
+  (d / max_exact) ** m >= (max_distance / max_exact) ** k with m = num_buckets - max_exact, i.e.
+  d**m * max_exact**k >= max_distance**k * max_exact**m: integers, decided without a float `log`
+  (whose last bit differs between backends at distances that land on a boundary, such as 16, 32
+  and 64 for 32 buckets and 128). E.g. 16 buckets, 128: (12, 16, 23, 32, 46, 64, 91).
+  """
+  max_exact = num_buckets // 2
+  m = num_buckets - max_exact
+  thresholds = []
+  for k in range(1, m):
+    low, high = max_exact, max(max_distance, max_exact)  # high always qualifies
+    while low < high:  # the smallest qualifying distance, by bisection
+      middle = (low + high) // 2
+      if middle**m * max_exact**k >= max_distance**k * max_exact**m:
+        high = middle
+      else:
+        low = middle + 1
+    thresholds.append(low)
+  return tuple(thresholds)
+
+
 def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
                              num_buckets: int, max_distance: int) -> jax.Array:
   """Mesh TensorFlow's bucketing of `memory_position - query_position` into [0, num_buckets).
@@ -25,7 +52,9 @@ def relative_position_bucket(relative_position: jax.Array, *, bidirectional: boo
   Half the buckets (per direction when bidirectional) hold exact distances, the rest grow
   logarithmically up to max_distance; beyond it all distances share the last bucket. Causal
   stacks put every future position in bucket 0. E.g. bidirectional, 32 buckets, 128:
-  -1 -> 1, 1 -> 17, 8 -> 24, 200 -> 31.
+  -1 -> 1, 1 -> 17, 8 -> 24, 200 -> 31. Integer comparisons with `bucket_thresholds`, the same
+  bits on every backend and in every kernel (tests/models/test_positions.py checks them against
+  transformers' for every distance up to 65,536).
   """
   buckets = jnp.zeros_like(relative_position)
   if bidirectional:
@@ -34,12 +63,10 @@ def relative_position_bucket(relative_position: jax.Array, *, bidirectional: boo
     distance = jnp.abs(relative_position)
   else:
     distance = -jnp.minimum(relative_position, 0)
-  max_exact = num_buckets // 2
-  # log(0) is never used: jnp.where picks the exact bucket for small distances.
-  scaled = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
-            / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-  large = jnp.minimum(max_exact + scaled.astype(distance.dtype), num_buckets - 1)
-  return buckets + jnp.where(distance < max_exact, distance, large)
+  logarithmic = num_buckets // 2  # max_exact, plus one per threshold reached
+  for threshold in bucket_thresholds(num_buckets, max_distance):
+    logarithmic = logarithmic + (distance >= threshold).astype(distance.dtype)
+  return buckets + jnp.where(distance < num_buckets // 2, distance, logarithmic)
 
 
 @dataclasses.dataclass(frozen=True)

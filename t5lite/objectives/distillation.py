@@ -101,17 +101,20 @@ def _forward(model, batch, hidden_stack: str | None, rngs: nnx.Rngs | None):
   return logits, intermediates[hidden_stack]['__call__'][0]
 
 
-def check_teacher(teacher: ModelConfig, teacher_vocabulary: str, student: ModelConfig,
+def check_teacher(teacher: ModelConfig, teacher_vocabulary: str | None, student: ModelConfig,
                   config: ml_collections.ConfigDict) -> None:
-  """Refuses, in one line, a teacher whose outputs the student cannot be compared with."""
+  """Refuses, in one line, a teacher whose outputs the student cannot be compared with;
+  `teacher_vocabulary` None: its vocabulary was checked by content."""
   train, where = config.train, f'train.teacher_workdir={config.train.teacher_workdir}'
   if teacher.arch != student.arch:
     raise ValueError(f'{where} holds a {teacher.arch} model and the student is {student.arch}: '
                      'distillation needs one architecture family')
-  if (teacher.vocab_size, teacher_vocabulary) != (student.vocab_size, config.data.vocabulary):
-    raise ValueError(f'{where} was trained on vocabulary {teacher_vocabulary!r} '
-                     f'({teacher.vocab_size} ids), the student uses {config.data.vocabulary!r} '
-                     f'({student.vocab_size} ids): distillation needs one vocabulary')
+  if teacher.vocab_size != student.vocab_size or teacher_vocabulary not in (
+      None, config.data.vocabulary):
+    named = '' if teacher_vocabulary is None else f'vocabulary {teacher_vocabulary!r} '
+    raise ValueError(f'{where} was trained on {named}({teacher.vocab_size} ids), the student '
+                     f'uses {config.data.vocabulary!r} ({student.vocab_size} ids): distillation '
+                     'needs one vocabulary')
   if train.distill_hidden_weight and teacher.d_model != student.d_model:
     raise ValueError(f'train.distill_hidden_weight compares hidden states: the teacher has '
                      f'd_model {teacher.d_model}, the student {student.d_model}; set it to 0 '

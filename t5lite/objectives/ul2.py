@@ -22,7 +22,7 @@ prefix, n - 1 tokens, and EOS fill them), and the targets take as many as the lo
 needs (UL2: 512 and 512). Every denoiser reads the whole corpus in its own order (seqio's
 ul2_objective with shard_ds=False); the six span corruptions are read in one tf.data chain, each
 chunk carrying its own noise and mode (`row_settings`).
-T5's span arithmetic holds as it is: at 512 inputs (0.15, 64) makes one span of 89 tokens, and
+T5's span arithmetic holds as it is: at 512 inputs (0.15, 64) makes one span of 90 tokens, and
 (0.5, 3) 126 spans, more than T5's 100 sentinels, so that, as in T5, the sentinel ids count on
 down into the vocabulary's last pieces.
 """

@@ -121,12 +121,17 @@ class Checkpointer:
     orbax would fail inside its readers.
     """
     saved = self._saved_metadata(step)
-    # saved before the train state kept spike statistics (2026-11-28): they start afresh
-    without_spikes = saved is not None and 'spikes' not in saved
+    # saved before the train state kept spike statistics (2026-11-28), or some of today's
+    # (2026-12-04): what was saved is restored, the rest made by spikes.completed
+    saved_spikes = None if saved is None else set(saved.get('spikes', {}))
+    older = saved_spikes is not None and saved_spikes != set(spikes.SpikeStats.__dataclass_fields__)
     full_state = abstract_state
-    if without_spikes:
+    if older:
       abstract_state = {name: getattr(full_state, name)
                         for name in ('step', 'params', 'opt_state', 'rng')}
+      if saved_spikes:
+        abstract_state['spikes'] = {name: getattr(full_state.spikes, name)
+                                    for name in sorted(saved_spikes)}
     if saved is not None:
       self._check_params(step, saved['params'], full_state.params)
       saved = sorted(tuple(x.shape) for x in jax.tree.leaves(saved))
@@ -140,9 +145,10 @@ class Checkpointer:
     restored = self._restore(step, state=ocp.args.StandardRestore(abstract_state),
                              data=ocp.args.JsonRestore())
     state = restored['state']
-    if without_spikes:
-      state = type(full_state)(**state, spikes=jax.device_put(
-          spikes.init_stats(), jax.tree.map(lambda leaf: leaf.sharding, full_state.spikes)))
+    if older:
+      state = type(full_state)(**dict(state, spikes=jax.device_put(
+          spikes.completed(state.get('spikes', {})),
+          jax.tree.map(lambda leaf: leaf.sharding, full_state.spikes))))
     return state, self._checked_position(step, restored['data'])
 
   def _checked_position(self, step: int, data) -> dict:

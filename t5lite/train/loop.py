@@ -26,6 +26,7 @@ from t5lite import files
 from t5lite import lock as lock_lib
 from t5lite import outputs
 from t5lite import paths
+from t5lite.data import vocabulary
 from t5lite.inputs import batches as batches_lib
 from t5lite.train import checkpoint as checkpoint_lib
 from t5lite.train import flops as flops_lib
@@ -37,16 +38,22 @@ from t5lite.train import state as state_lib
 
 # What a run keeps in its workdir, each a folder (True) or a file: a resumed run reads them.
 WORKDIR_PARTS = {'config.json': False, 'checkpoints': True, metrics_lib.METRICS_FILE: False,
-                 metrics_lib.TENSORBOARD_FOLDER: True, batches_lib.SKIPPED_FILE: False}
+                 metrics_lib.TENSORBOARD_FOLDER: True, batches_lib.SKIPPED_FILE: False,
+                 vocabulary.RECORD_FILE: False}
 
 
-def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Creates the workdir and records the run's config there (process 0), whole or not at all: a
-  kill may come at any moment. One line if the workdir cannot be written."""
+def record_config(workdir: str, config: ml_collections.ConfigDict,
+                  vocab: vocabulary.Vocabulary | None = None) -> None:
+  """Creates the workdir and records the run's config there (process 0), and what its vocabulary
+  is (`vocab`, default config.data.vocabulary's; vocabulary.RECORD_FILE), each whole or not at
+  all: a kill may come at any moment. One line if the workdir cannot be written."""
+  vocab = vocab or vocabulary.load_vocabulary(config.data.vocabulary)
   try:
     folder = paths.path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
+      paths.write_text(folder / vocabulary.RECORD_FILE,
+                       json.dumps(vocab.identity(config.data.vocabulary), indent=1) + '\n')
       paths.write_text(folder / 'config.json', json.dumps(config.to_dict(), indent=2))
   except OSError as error:
     raise ValueError(f'cannot write to workdir {workdir}: {error.strerror or error}') from None
@@ -151,7 +158,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, inputs: Inputs | N
       record_config(workdir, config)
       checkpointer = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
       responder = spikes_lib.Responder(config, workdir, rollbacks, checkpointer,
-                                       run.spec.abstract, open_batches)
+                                       run.spec.abstract, open_batches,
+                                       lambda: initial_state(run, reader, None, init_params)[0])
       try:
         return run_steps(config, workdir, state, batches, train_step, evaluator, checkpointer,
                          speed, history, responder)

@@ -114,7 +114,12 @@ class Run:
             f'train.teacher_workdir: no checkpoint in {checkpointer.directory}')
       saved = ml_collections.ConfigDict(checkpointer.saved_config(step))
       teacher_cfg = with_kernel(config_lib.model_config(saved), self.mesh)
-      distillation.check_teacher(teacher_cfg, saved.data.vocabulary, self.model_cfg, config)
+      # a teacher that records its vocabulary is checked by content, an older one by name
+      recorded = config_lib.recorded_vocabulary(config.train.teacher_workdir)
+      config_lib.check_workdir_vocabulary(config, config.train.teacher_workdir,
+                                          'train.teacher_workdir')
+      distillation.check_teacher(teacher_cfg, None if recorded else saved.data.vocabulary,
+                                 self.model_cfg, config)
       spec = state_lib.state_spec(teacher_cfg, optax.identity(), 0, self.mesh, self.rules)
       params = (checkpointer.restore_params(step, spec.abstract.params) if restore
                 else spec.abstract.params)
@@ -171,18 +176,28 @@ def check_attention(model_cfg: ModelConfig, mesh) -> None:
   """Refuses an attention kernel the mesh's devices cannot run; an abstract mesh (`t5lite plan`
   for chips this host lacks) has none to check."""
   if isinstance(mesh, Mesh):
-    check_attention_platform(model_cfg.attention, mesh.devices.flat[0].platform)
+    device = mesh.devices.flat[0]
+    check_attention_platform(model_cfg.attention, device.platform)
+    if model_cfg.attention == 'flash' and device.platform == 'tpu':
+      check_flash_compiles(device)
 
 
 def check_attention_platform(attention: str, platform: str) -> None:
-  """cuDNN's attention needs a GPU; the flash kernel runs on GPUs, and in Pallas' interpreter
-  on CPUs (for tests), not on TPUs."""
+  """cuDNN's attention needs a GPU; the flash kernel runs on GPUs and TPUs, and in Pallas'
+  interpreter on CPUs (for tests)."""
   if attention == 'cudnn' and platform != 'gpu':
     raise ValueError(f"model.attention='cudnn' needs a GPU (the devices are {platform}); "
                      "use 'xla' or 'einsum' (--config.model.attention=xla)")
-  if attention == 'flash' and platform == 'tpu':
-    raise ValueError("model.attention='flash' runs on GPUs (and in an interpreter on CPUs), not "
-                     "on TPUs; use 'xla' (--config.model.attention=xla)")
+
+
+def check_flash_compiles(device) -> None:
+  """Refuses model.attention='flash' on a TPU generation its Mosaic kernels do not compile for
+  (compiled for v4, v5e, v5p and v6e by tests/models/test_flash_attention.py), saying why."""
+  from t5lite.models import flash_attention  # pylint: disable=import-outside-toplevel
+  reason = flash_attention.compile_error(device)
+  if reason is not None:
+    raise ValueError(f"model.attention='flash' does not compile for {device.device_kind} "
+                     f"({reason}); use 'xla' (--config.model.attention=xla)")
 
 
 def check_vocabulary(vocab: vocabulary.Vocabulary, model_cfg: ModelConfig, name: str) -> None:

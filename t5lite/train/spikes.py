@@ -2,9 +2,17 @@
 
 Each step compares its loss and gradient norm with their exponential moving mean and variance
 over about `window` healthy steps, kept in the train state (`SpikeStats`) so that a resumed run
-goes on with the same numbers, bitwise. A step is a spike when its loss or gradient norm is not
-finite, or, once `window` healthy steps have been seen, when either lies more than `threshold`
-deviations above its mean. A spike never enters the statistics.
+goes on with the same numbers, bitwise. A step is a spike when
+
+  - its loss or gradient norm is not finite;
+  - from the run's second step, its loss exceeds `ceiling` times the run's first loss (a model
+    that starts near the uniform cross entropy never goes far above it while it learns: a run
+    that does is diverging, the way runs most often diverge, in their first steps);
+  - once FIRST_DECISION healthy steps (or `window`, if fewer) are in the statistics, its loss or
+    gradient norm lies more than `threshold` deviations above its mean. With fewer, a z-score is
+    a Student-t of few degrees of freedom, whose tails make healthy steps look like spikes.
+
+A spike never enters the statistics.
 
   policy    what a spike does
   off       nothing, but a NaN or Inf loss stops the run (t5lite's behaviour before spikes)
@@ -30,6 +38,9 @@ from t5lite import paths
 from t5lite.inputs import batches as batches_lib
 
 POLICIES = ('off', 'stop', 'skip', 'rollback')
+# Healthy steps in the statistics before their z-scores decide: a z-score of 10 samples lies
+# above 8 with probability 1e-5 (Student's t, 9 degrees of freedom), of 3 samples with 0.008
+FIRST_DECISION = 10
 _EPSILON = 1e-12  # keeps a z-score finite when every step had the same value
 
 
@@ -40,6 +51,7 @@ class SpikeStats(flax.struct.PyTreeNode):
   loss_var: jax.Array
   grad_mean: jax.Array
   grad_var: jax.Array
+  loss_start: jax.Array  # the loss of the run's first step, what `ceiling` multiplies
   skipped: jax.Array  # int32: steps whose update was not applied, over the run
   window_start: jax.Array  # int32: the first step of the current skip window
   window_skips: jax.Array  # int32: skips since window_start
@@ -59,10 +71,20 @@ def init_stats() -> SpikeStats:
   def zero():
     return jnp.zeros((), jnp.float32)
   return SpikeStats(seen=int_zero(), loss_mean=zero(), loss_var=zero(), grad_mean=zero(),
-                    grad_var=zero(), skipped=int_zero(), window_start=int_zero(),
+                    grad_var=zero(), loss_start=zero(), skipped=int_zero(), window_start=int_zero(),
                     window_skips=int_zero(), action_step=jnp.full((), -1, jnp.int32),
                     action_loss=zero(), action_grad_norm=zero(), action_loss_z=zero(),
                     action_grad_z=zero())
+
+
+def completed(saved: dict) -> SpikeStats:
+  """The statistics a checkpoint saved by an older t5lite holds (`saved`, by field), the rest
+  fresh: all of them for a state saved before spike statistics; for one saved before
+  `loss_start`, its moving mean, the one scale of the run's loss it kept."""
+  fresh = init_stats()
+  if 'loss_start' not in saved and 'loss_mean' in saved:
+    saved = dict(saved, loss_start=jnp.array(saved['loss_mean'], copy=True))  # its own buffer
+  return fresh.replace(**saved)
 
 
 def _moments(mean, var, value, weight):
@@ -79,14 +101,18 @@ def observe(stats: SpikeStats, step, loss, grad_norm, spikes_cfg):
   loss, grad_norm = loss.astype(jnp.float32), grad_norm.astype(jnp.float32)
   loss_z = (loss - stats.loss_mean) * jax.lax.rsqrt(stats.loss_var + _EPSILON)
   grad_z = (grad_norm - stats.grad_mean) * jax.lax.rsqrt(stats.grad_var + _EPSILON)
-  warm = stats.seen >= spikes_cfg.window
+  warm = stats.seen >= min(spikes_cfg.window, FIRST_DECISION)
   nonfinite = ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))
-  spike = nonfinite | warm & ((loss_z > spikes_cfg.threshold) | (grad_z > spikes_cfg.threshold))
+  above_ceiling = (spikes_cfg.ceiling > 0) & (stats.seen > 0) & (stats.loss_start > 0) & (
+      loss > spikes_cfg.ceiling * stats.loss_start)
+  spike = nonfinite | above_ceiling | warm & (
+      (loss_z > spikes_cfg.threshold) | (grad_z > spikes_cfg.threshold))
   weight = 1.0 / jnp.minimum(stats.seen + 1, spikes_cfg.window).astype(jnp.float32)
   loss_mean, loss_var = _moments(stats.loss_mean, stats.loss_var, loss, weight)
   grad_mean, grad_var = _moments(stats.grad_mean, stats.grad_var, grad_norm, weight)
   healthy = stats.replace(seen=stats.seen + 1, loss_mean=loss_mean, loss_var=loss_var,
-                          grad_mean=grad_mean, grad_var=grad_var)
+                          grad_mean=grad_mean, grad_var=grad_var,
+                          loss_start=jnp.where(stats.seen == 0, loss, stats.loss_start))
   stats = jax.tree.map(lambda old, new: jnp.where(spike, old, new), stats, healthy)
   stats, acted = _decide(stats, step, spike, nonfinite, spikes_cfg)
   first_action = acted & (stats.action_step < 0)
@@ -130,14 +156,11 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'config.train.spikes.{name}={spikes[name]} must be at least {minimum}')
   if not spikes.threshold > 0:
     raise ValueError(f'config.train.spikes.threshold={spikes.threshold} must be positive')
+  if not (spikes.ceiling == 0 or spikes.ceiling > 1):
+    raise ValueError(f'config.train.spikes.ceiling={spikes.ceiling} must be above 1 (or 0: off)')
   if spikes.policy in ('skip', 'rollback') and config.data.task:
     raise ValueError(f'config.train.spikes.policy={spikes.policy!r} can roll back only a '
                      "pretraining run's batches; use 'stop' for fine-tuning")
-  if spikes.policy == 'rollback' and config.checkpoint.every_steps >= config.train.steps:
-    raise ValueError(
-        "config.train.spikes.policy='rollback' goes back to a checkpoint, but "
-        f'config.checkpoint.every_steps={config.checkpoint.every_steps} saves none before '
-        f'train.steps={config.train.steps}; save more often or use policy=stop')
 
 
 def record_rollback(workdir: str, rollbacks: list[dict]) -> None:
@@ -149,13 +172,15 @@ def record_rollback(workdir: str, rollbacks: list[dict]) -> None:
 
 class Responder:
   """The host's side: at a log or save point, reads the step's mark (one scalar) and stops the
-  run or rolls it back. `open_batches(start, ranges)` makes the training batches from a
-  checkpoint's position, skipping `ranges`."""
+  run or rolls it back: to the last checkpoint, or where none was saved yet, to the run's start,
+  `initial_state()` (its random init, the same bits again). `open_batches(start, ranges)` makes
+  the training batches from a checkpoint's position, skipping `ranges`."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, rollbacks: list[dict],
-               checkpointer, abstract_state, open_batches):
+               checkpointer, abstract_state, open_batches, initial_state):
     self._cfg, self._workdir, self.rollbacks = config.train.spikes, workdir, rollbacks
     self._checkpointer, self._abstract, self._open = checkpointer, abstract_state, open_batches
+    self._initial_state = initial_state
 
   def act(self, state, batch_of_step: dict[int, int]):
     """None when no spike waits; (state, batches, step, record) after a rollback. Stops with
@@ -170,19 +195,21 @@ class Responder:
                                'optim.learning_rate or check the data')
     self._checkpointer.wait()
     latest = self._checkpointer.latest_step()
-    if latest is None:
-      raise FloatingPointError(f'{describe(spike)}; no checkpoint before it to roll back to: '
-                               'stopped, nothing saved')
     if len(self.rollbacks) >= self._cfg.max_rollbacks:
       raise FloatingPointError(
           f'{describe(spike)}; {len(self.rollbacks)} rollbacks already '
-          f'(train.spikes.max_rollbacks): stopped, nothing saved after step {latest}')
-    restored, position = self._checkpointer.restore(latest, self._abstract)
-    first = position['processes'][0]['batch']  # global batches: the same on every process
+          f'(train.spikes.max_rollbacks): stopped, nothing saved after step {latest or 0}. '
+          'Lower optim.learning_rate or check the data')
+    if latest is None:
+      restored, start, latest = self._initial_state(), 0, 0
+    else:
+      restored, position = self._checkpointer.restore(latest, self._abstract)
+      start = position.get('processes') or 0  # an import's step 0 has no position
+    first = start[0]['batch'] if start else 0  # global batches: the same on every process
     end = batch_of_step[spike['step']] + 1 + self._cfg.rollback_skip_after
     self.rollbacks.append(dict(spike, checkpoint=latest, batches=[first, end]))
     record_rollback(self._workdir, self.rollbacks)
-    batches = self._open(position['processes'], batches_lib.skipped_ranges(self.rollbacks))
+    batches = self._open(start, batches_lib.skipped_ranges(self.rollbacks))
     return restored, batches, latest, self.rollbacks[-1]
 
 
@@ -190,15 +217,17 @@ def spike_record(stats: SpikeStats) -> dict:
   """The spike the host acts on, as plain numbers (a rollback's record)."""
   return {'step': int(stats.action_step), 'loss': float(stats.action_loss),
           'grad_norm': float(stats.action_grad_norm), 'loss_z': float(stats.action_loss_z),
-          'grad_norm_z': float(stats.action_grad_z)}
+          'grad_norm_z': float(stats.action_grad_z), 'loss_start': float(stats.loss_start)}
 
 
 def describe(spike: dict) -> str:
-  """'loss spike at step 37: loss 9.8123 (z +12.3), grad_norm 1.2000 (z +0.4)': z, the
-  deviations from the moving mean."""
+  """'loss spike at step 37: loss 9.8123 (1.1x the first step's, z +12.3), grad_norm 1.2000 (z
+  +0.4)': z, the deviations from the moving mean (0 before they decide)."""
   if not (math.isfinite(spike['loss']) and math.isfinite(spike['grad_norm'])):
     return (f'loss became NaN or Inf at step {spike["step"]} (loss {spike["loss"]}, grad_norm '
             f'{spike["grad_norm"]})')
-  return (f'loss spike at step {spike["step"]}: loss {spike["loss"]:.4f} (z '
+  start = spike.get('loss_start', 0.0)  # a rollback recorded before 2026-12-04 has none
+  ratio = f'{spike["loss"] / start:.1f}x the first step\'s, ' if start > 0 else ''
+  return (f'loss spike at step {spike["step"]}: loss {spike["loss"]:.4f} ({ratio}z '
           f'{spike["loss_z"]:+.1f}), grad_norm {spike["grad_norm"]:.4f} (z '
           f'{spike["grad_norm_z"]:+.1f})')

@@ -47,7 +47,7 @@ def test_the_diagnostic_pipelines_differ_from_each_other_only_in_their_rows_leng
     settings[name] = {(objective.name, view.noise_density, view.mean_noise_span_length,
                        data.mixture[component].weight)
                       for component, view, objective in components}
-  assert lengths == {'same6': [561] * 6, 'lengths6': [568, 561, 554] * 2}
+  assert lengths == {'same6': [567] * 6, 'lengths6': [568, 567, 566] * 2}
   assert settings['same6'] == settings['lengths6'] == {('span_corruption', 0.15, 3.0, 0.2)}
 
 

@@ -100,12 +100,12 @@ def test_auto_attention_is_planned_as_the_topologys_kernel():
   assert plan_lib.plan(bf16, 'v5e-8', compile_step=False)['mfu'] == plan_lib.DEFAULT_MFU['tpu']
 
 
-def test_flash_attention_is_refused_on_tpus_only():
-  for platform in ('gpu', 'cpu'):
+def test_flash_attention_is_accepted_on_every_platform_and_cudnn_on_gpus_only():
+  for platform in ('gpu', 'cpu', 'tpu'):
     run_lib.check_attention_platform('flash', platform)
-  with pytest.raises(ValueError, match=r"^model.attention='flash' runs on GPUs .* not on TPUs; "
-                     r"use 'xla' \(--config.model.attention=xla\)$"):
-    run_lib.check_attention_platform('flash', 'tpu')
+  with pytest.raises(ValueError, match=r"^model.attention='cudnn' needs a GPU \(the devices are "
+                     r"tpu\); use 'xla' or 'einsum' \(--config.model.attention=xla\)$"):
+    run_lib.check_attention_platform('cudnn', 'tpu')
 
 
 @functools.lru_cache(maxsize=None)

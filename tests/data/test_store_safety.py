@@ -229,6 +229,8 @@ DAMAGED_MANIFESTS = [
     (('vocabulary', 'size'), 0, 'vocabulary.size is 0, not a size'),
     (('tokens', 'train'), -1, 'tokens.train is -1, not a count'),
     (('tokens', 'train'), 1e3, 'tokens.train is a number, not an integer'),
+    (('tokens',), '5', 'tokens is a string, not an object'),  # issue #58's case
+    (('tokens', 'train'), '5', 'tokens.train is a string, not an integer'),
     (('tokens', 'validation'), 10, 'validation holds [0-9,]+ bytes, its manifest says 20'),
     (('documents',), [], 'documents is an array, not an object'),
     (('skipped',), {'lines_without_text': -2}, 'skipped is .*, not counts by reason'),

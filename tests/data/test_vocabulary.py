@@ -53,8 +53,8 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
 
 def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
   """`t5lite tokenizer` gives each mode an id of its own (3, 4, 5 after pad, eos and unk), as a
-  prompt's first text or after a space; the bundled vocabulary, trained before, reads any
-  bracket it lacks as unk."""
+  prompt's first text or after a space, as the bundled vocabulary does; 'bundled-v1', trained
+  before, reads any bracket it lacks as unk."""
   corpus = tmp_path / 'corpus.txt'
   corpus.write_text('\n\n'.join(f'Document {i} speaks of ships, whales and {i * 7} sailors.'
                                   for i in range(300)))
@@ -69,9 +69,19 @@ def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
     assert vocab.encode(f'{mode} ships') == ids + vocab.encode('ships')
     assert vocab.encode(f'ships {mode}') == vocab.encode('ships') + ids
   assert 3 not in vocab.encode('{NLU} (NLU) NLU')
-  bundled = vocabulary.load_vocabulary('bundled')
-  assert bundled.encode('[NLU]') == bundled.encode('{NLU}') == [39, 2, 1294, 1057, 1288, 2]
-  assert vocab.num_pieces == 60 and bundled.num_pieces == 8000  # the modes count as pieces
+  bundled, v1 = vocabulary.load_vocabulary('bundled'), vocabulary.load_vocabulary('bundled-v1')
+  assert [bundled.encode(mode) for mode in modes] == [[3], [4], [5]]
+  assert v1.encode('[NLU]') == v1.encode('{NLU}') == [39, 2, 1294, 1057, 1288, 2]
+  assert vocab.num_pieces == 60 and bundled.num_pieces == v1.num_pieces == 8000
+
+
+def test_the_bundled_vocabulary_is_the_tokenizer_s_on_the_bundled_corpus_and_v1_the_one_before():
+  """The digests the docs give (t5lite/data/vocabulary.py); the same pieces, v1's 3 ids lower."""
+  bundled, v1 = vocabulary.load_vocabulary('bundled'), vocabulary.load_vocabulary('bundled-v1')
+  assert bundled.digest[:12] == '0d31e49c9b56' and v1.digest[:12] == '356521ec85a9'
+  text = 'The captain walks in the park.'
+  assert bundled.encode(text) == [i + 3 for i in v1.encode(text)] == [33, 2497, 1103, 12, 13, 6,
+                                                                       2912, 9]
 
 
 def cut_at_piece(model: bytes, pieces: int) -> bytes:

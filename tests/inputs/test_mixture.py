@@ -269,7 +269,7 @@ def test_a_store_of_another_vocabulary_is_refused_naming_its_component(texts, tm
       '--config.data.mixture.books.weight=1', f'--config.data.mixture.web.source={web}',
       '--config.data.mixture.web.weight=1', f'--out={out}')
   assert status == 2 and len(err.strip().splitlines()) == 1, err
-  assert f'data.mixture.web: {web} was prepared with the vocabulary' in err
+  assert f"data.mixture.web: {web} was made with the vocabulary 'bundled' (sha256 000000000000)" in err
   assert not out.exists()
 
 

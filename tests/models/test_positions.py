@@ -7,22 +7,45 @@ import numpy as np
 import pytest
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.positions import (RelativePositionBias, apply_rope, relative_position_bucket,
-                                     sinusoidal_positions)
+from t5lite.models.positions import (RelativePositionBias, apply_rope, bucket_thresholds,
+                                     relative_position_bucket, sinusoidal_positions)
+
+
+# The presets' setting (32, 128: every T5, LongT5 and UL2 preset), the tests' small ones, and
+# wider ones whose boundaries float32's log rounds either way
+SETTINGS = [(32, 128), (16, 40), (32, 20), (8, 16), (64, 256), (128, 1024), (32, 4096)]
 
 
 @pytest.mark.parametrize('bidirectional', [True, False])
-@pytest.mark.parametrize('num_buckets, max_distance', [(32, 128), (16, 40)])
-def test_relative_position_bucket_matches_transformers(bidirectional, num_buckets, max_distance):
+@pytest.mark.parametrize('num_buckets, max_distance', SETTINGS)
+def test_relative_position_bucket_matches_transformers_up_to_65536(bidirectional, num_buckets,
+                                                                    max_distance):
+  """Every distance in [-65536, 65536], the integer thresholds against transformers' float log."""
   torch = pytest.importorskip('torch')
   from transformers.models.t5.modeling_t5 import T5Attention
-  relative = np.arange(-600, 600)
+  relative = np.arange(-65_536, 65_537)
   theirs = T5Attention._relative_position_bucket(
       torch.tensor(relative), bidirectional=bidirectional, num_buckets=num_buckets,
       max_distance=max_distance).numpy()
   ours = relative_position_bucket(jnp.asarray(relative), bidirectional=bidirectional,
                                   num_buckets=num_buckets, max_distance=max_distance)
   np.testing.assert_array_equal(ours, theirs)
+  assert theirs.max() == num_buckets - 1  # the distances reach the last bucket
+
+
+def test_bucket_thresholds_are_integers_that_need_no_log():
+  """T5's boundaries for 16 buckets a direction and 128: 8 * 16**(k/8), so 16, 32 and 64 are
+  exact (log gives exactly 2.0, 4.0, 6.0) and the others the next integer above 8 * 2**(k/2)."""
+  assert bucket_thresholds(16, 128) == (12, 16, 23, 32, 46, 64, 91)
+  buckets = relative_position_bucket(jnp.asarray([15, 16, 63, 64, 90, 91]), bidirectional=False,
+                                     num_buckets=16, max_distance=128)
+  assert buckets.tolist() == [0] * 6
+  buckets = relative_position_bucket(-jnp.asarray([15, 16, 63, 64, 90, 91]), bidirectional=False,
+                                     num_buckets=16, max_distance=128)
+  assert buckets.tolist() == [9, 10, 13, 14, 14, 15]
+  assert 'log' not in jax.jit(lambda d: relative_position_bucket(
+      d, bidirectional=True, num_buckets=32, max_distance=128)).lower(
+          jnp.arange(4)).as_text()
 
 
 def test_relative_position_bucket_examples():

@@ -28,14 +28,15 @@ LENGTHS = {'span_corruption': (32, 8), 'mlm': (32, 0), 'mlm_nsp': (32, 0), 'caus
            'prefix_lm': (16, 16), 'bart': (32, 32), 'electra': (32, 0), 'seq2seq_lm': (32, 32),
            'principal_sentences': (64, 16)}
 # SHA-256 of the first 3 batches of 4 rows (names and bytes of every feature, sorted), made by
-# the pipeline before the objectives moved into t5lite/objectives (commit 47ae0b5). A change of
-# TensorFlow's stateless random ops would change them too: regenerate with that commit's tree.
+# the pipeline before the objectives moved into t5lite/objectives (commit 47ae0b5), and made
+# again when the bundled vocabulary was regenerated with UL2's mode tokens (2026-12-04: every
+# id moved). A change of TensorFlow's stateless random ops would change them too.
 # seq2seq_lm's (UL2's S-denoiser) and principal_sentences' are from the commits that added them.
-BATCHES = {'span_corruption': '73f6e1bc800d79bb94581648', 'mlm': 'eafc57bc6a298a1be7c7175c',
-           'mlm_nsp': '52560278ee8fd7372a5e8e89', 'causal_lm': '8581b499dad0ea9a05be1595',
-           'prefix_lm': '8cfcc15eaa53747e9cf692c5', 'bart': '4a357fe9f1e6abd2ee885117',
-           'electra': 'eafc57bc6a298a1be7c7175c',  # ELECTRA reads MLM's batches
-           'seq2seq_lm': 'd54e313241b4c6b50235b97e', 'principal_sentences': '2302b94f3f0ad5027e45c5b7'}
+BATCHES = {'span_corruption': 'ecaa95605a23034c49ec1106', 'mlm': '4e0ad726ae330ab92073cb16',
+           'mlm_nsp': 'b240efa98ead7ec0195d753c', 'causal_lm': '7dc2c60c5906f8d64410cedb',
+           'prefix_lm': '5de26e3697f5ab1ba44c1b58', 'bart': '1806205cf020528a4e968817',
+           'electra': '4e0ad726ae330ab92073cb16',  # ELECTRA reads MLM's batches
+           'seq2seq_lm': '8438e96979f74ff1cca2bcef', 'principal_sentences': '1927c8f9c8e2557ca83d5d1f'}
 
 
 def data_config(objective: str, batch_size: int = 4):
