@@ -66,7 +66,8 @@ class ModelConfig:
   attention: str = 'auto'
   # The encoder's self-attention (an encoder-decoder's, T5's relative positions): dense (every
   # token) | local (LongT5: the tokens within local_radius) | transient_global (LongT5: local plus
-  # one global token per global_block_size tokens); models/long_attention.py
+  # one global token per global_block_size tokens); models/long_attention.py. local takes
+  # attention=flash (the kernel's window), transient_global does not
   encoder_attention: str = 'dense'
   local_radius: int = 127  # LongT5: tokens seen on either side (blocks of local_radius + 1)
   global_block_size: int = 16  # LongT5 transient_global: input tokens summed into a global token
@@ -117,12 +118,14 @@ class ModelConfig:
       raise ValueError(f'model.generator_size must be in (0, 1], got {self.generator_size}')
 
   def _check_long_encoder(self):
-    """LongT5's encoders read T5's relative bias table and run as XLA einsums."""
+    """LongT5's encoders read T5's relative bias table; the flash kernel computes the local one
+    (a window), not TGlobal's single softmax over the window and the global tokens."""
     if self.position != 't5_relative':
       raise ValueError(f'model.encoder_attention={self.encoder_attention} takes T5\'s relative '
                        f'positions, not model.position={self.position}')
-    if self.attention == 'flash':
-      raise ValueError("model.attention=flash does not take LongT5's encoders yet: use xla")
+    if self.attention == 'flash' and self.encoder_attention == 'transient_global':
+      raise ValueError('model.attention=flash takes encoder_attention=local, not transient_global '
+                       '(one softmax over the window and the global tokens): use xla')
 
   @property
   def is_gated(self) -> bool:

@@ -35,7 +35,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.attention import HEADS, Attention
+from t5lite.models.attention import HEADS, Attention, AttentionLayout
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import Norm, constrain
 from t5lite.models.positions import BucketedBias
@@ -226,10 +226,13 @@ class LongAttention(Attention):
     self.global_norm = (Norm(cfg, rngs=rngs) if cfg.encoder_attention == 'transient_global'
                         else None)
 
-  def attend(self, x: jax.Array, key: jax.Array, value: jax.Array, *, mask: LongLayout,
-             bias: LongBias, positions: jax.Array | None = None) -> jax.Array:
+  def attend(self, x: jax.Array, key: jax.Array, value: jax.Array, *,
+             mask: LongLayout | AttentionLayout, bias: LongBias | BucketedBias, positions: jax.Array | None = None) -> jax.Array:
     """x (b, l, d), the layer's normalized input, attends to its keys and values (b, l, h, kv)
-    and to its global tokens -> (b, l, d)."""
+    and to its global tokens -> (b, l, d). A local encoder under model.attention=flash gets the
+    kernel's layout with its window instead of a LongLayout: Attention's path."""
+    if isinstance(mask, AttentionLayout):
+      return super().attend(x, key, value, mask=mask, bias=bias)
     del positions  # T5's relative bias, not RoPE
     query = constrain(self.q(x), HEADS)  # (b, l, d) -> (b, l, h, kv)
     side_key = side_value = None

@@ -250,19 +250,20 @@ class Stack(nnx.Module):
     """The layers' self-attention mask (made by `mask`, one of attention.py's), bias and RoPE
     positions; a LongT5 encoder's layout and blocked bias (models/long_attention.py)."""
     length = features.tokens.shape[1]
-    if self.long_inputs:
+    flash = self.cfg.attention == 'flash'
+    if self.long_inputs and not flash:  # blockwise; flash: the kernel's window (local only)
       layout = long_attention.long_layout(features.tokens > 0, features.segment_ids, self.cfg)
       global_bias = None if self.global_bias is None else self.global_bias.bucketed()
       return LayerInputs(layout, long_attention.long_bias(
           layout, self.relative_bias.bucketed(), global_bias), None)
     bias = None
     if self.cfg.position == 't5_relative':
-      bias = (self.relative_bias.bucketed() if self.cfg.attention == 'flash'
-              else self.relative_bias(length, length))
+      bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
     return LayerInputs(
         mask=mask(length, None if self.causal else features.tokens > 0,
                   query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
-                  causal=self.causal, prefix=features.bidirectional),
+                  causal=self.causal, prefix=features.bidirectional,
+                  window=self.cfg.local_radius if self.long_inputs else None),
         bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
 
   def apply_with_cache(self, x: jax.Array, index: jax.Array, cache: DecodeCache

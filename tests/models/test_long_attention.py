@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from t5lite.models import Features, ModelConfig, build, get_params, load_params, stack_layers
+from t5lite.models import flash_attention as flash_lib
 from t5lite.models import long_attention
 from t5lite.models.attention import attention_mask, dot_product_attention
 from t5lite.models.positions import BucketedBias, RelativeBuckets
+from tests.models.test_transformer import loss_and_grads
 
 HEADS, WIDTH, RADIUS, GLOBAL_BLOCK = 3, 4, 3, 4  # blocks of 4 local tokens, 4 per global token
 BUCKETS = RelativeBuckets(bidirectional=True, num_buckets=32, max_distance=128)
@@ -233,3 +235,25 @@ def test_scanned_and_rematerialized_layers_compute_the_same():
   expected = stack_layers(nnx.to_pure_dict(grads))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5),
                nnx.to_pure_dict(scanned_grads), expected)
+
+
+@pytest.mark.slow  # 31 s (triton) and 20 s (mosaic) on 2 cores at a load of 7
+@pytest.mark.parametrize('backend', ['triton', 'mosaic'])
+def test_a_local_encoder_under_the_flash_kernel_matches_the_blockwise_one(backend, monkeypatch):
+  """model.attention=flash runs a local encoder as the kernel with window=local_radius (Pallas'
+  interpreter on CPU): the loss and every gradient of XLA's blockwise path, on a packed row.
+  The decoder's row has no padding: a padding query sees no key and both paths give it uniform
+  weights, over other keys (the blockwise path's window, the kernel's tiles), which nothing reads
+  but a padding query."""
+  monkeypatch.setattr(flash_lib, 'INTERPRETED', backend)
+  jax.clear_caches()  # the backend is read when tracing: not another backend's compiled step
+  _, _, _, packed, segments = packed_and_alone('local')
+  cfg = config('local', num_encoder_layers=1, num_decoder_layers=1)
+  model, flash = (build(dataclasses.replace(cfg, attention=a), nnx.Rngs(0))
+                  for a in ('xla', 'flash'))
+  batch = {'encoder_input_tokens': packed, 'encoder_segment_ids': segments,
+           'decoder_input_tokens': jnp.asarray([[0, 5, 6, 0, 7, 8, 9]], jnp.int32),
+           'decoder_segment_ids': jnp.asarray([[1, 1, 1, 2, 2, 2, 2]], jnp.int32)}
+  (loss, grads), (flash_loss, flash_grads) = (loss_and_grads(m, batch) for m in (model, flash))
+  np.testing.assert_allclose(flash_loss, loss, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), flash_grads, grads)
