@@ -226,15 +226,32 @@ def test_scanned_and_rematerialized_layers_compute_the_same():
            'decoder_segment_ids': jnp.asarray([[1, 1, 2, 2]], jnp.int32)}
 
   @nnx.jit
-  def loss_and_grads(model):
+  def scalar_and_grads(model):
     return nnx.value_and_grad(lambda m: jnp.sum(jax.nn.log_softmax(m(batch))[..., 3]))(model)
 
-  loss, grads = loss_and_grads(model)
-  scanned_loss, scanned_grads = loss_and_grads(scanned)
+  loss, grads = scalar_and_grads(model)
+  scanned_loss, scanned_grads = scalar_and_grads(scanned)
   np.testing.assert_allclose(scanned_loss, loss, rtol=1e-5)
   expected = stack_layers(nnx.to_pure_dict(grads))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5),
                nnx.to_pure_dict(scanned_grads), expected)
+
+
+def test_bfloat16_scores_biases_and_global_sums_stay_float32():
+  """A transient-global model in bfloat16 computes float32 scores (its logits within 0.05 of
+  float32's, a bfloat16 model's rounding); the global sums and the side bias are float32."""
+  model, _, _, packed, segments = packed_and_alone('transient_global')
+  low = build(config('transient_global', dtype='bfloat16'), nnx.Rngs(0))
+  load_params(low, get_params(model))
+  encoded = encode(model, packed, segments)
+  low_encoded = encode(low, packed, segments)
+  assert low_encoded.dtype == jnp.bfloat16
+  np.testing.assert_allclose(low_encoded.astype(jnp.float32), encoded, atol=0.05)
+  layout = long_attention.long_layout(packed > 0, segments, low.cfg)
+  sums = long_attention.global_sums(low.embed(packed), layout)
+  bias = long_attention.long_bias(layout, low.encoder.relative_bias.bucketed(),
+                                  low.encoder.global_bias.bucketed())
+  assert sums.dtype == bias.local.dtype == bias.side.dtype == jnp.float32
 
 
 @pytest.mark.slow  # 31 s (triton) and 20 s (mosaic) on 2 cores at a load of 7
