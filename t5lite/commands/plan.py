@@ -450,15 +450,14 @@ def longest_input(config: ml_collections.ConfigDict, topology: str, *,
   if config.data.inputs_length <= 0:
     raise ValueError(f'--longest_input varies data.inputs_length, which data.objective='
                      f'{config.data.objective} does not read')
+  if parse_topology(topology).chip is None:  # before the first plan compiles anything
+    raise ValueError(f'--longest_input needs a topology whose memory is known (TPU slices, '
+                     f'GPUs), not {topology}')
 
   def planned(length: int) -> dict:
     trial = config.copy_and_resolve_references()
     trial.data.inputs_length = length
-    result = plan(trial, topology, compile_step=compile_step)
-    if result['fits'] is None:
-      raise ValueError(f'--longest_input needs a topology whose memory is known (TPU slices, '
-                       f'GPUs), not {topology}')
-    return result
+    return plan(trial, topology, compile_step=compile_step)
 
   fit, no_fit = (0, None), (step, planned(step))  # (inputs_length, its plan)
   while no_fit[1]['fits']:
