@@ -39,6 +39,10 @@ def check(cfg: ModelConfig) -> Family:
   take (the checks that `ModelConfig`, below the families, cannot make itself)."""
   checked = family(cfg.arch)
   checked.check(cfg)
+  model_types = [hf.model_type for hf in checked.hf if not hf.folder]
+  if cfg.hf_model_type not in ('', *model_types):
+    raise ValueError(f'model.hf_model_type={cfg.hf_model_type!r} is none of arch='
+                     f'{cfg.arch}\'s: {", ".join(model_types)}')
   return checked
 
 

@@ -18,7 +18,7 @@ A prefix LM's `decoder_causal_attention` (seqio's; `Features.bidirectional`) mak
 bidirectional over its prefix.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import dataclasses
 from typing import NamedTuple
 
@@ -74,6 +74,8 @@ class LayerInputs(NamedTuple):
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
   cross_mask: jax.Array | AttentionLayout | PaddedRows | None = None  # (b|1, 1, l|1, m)
   index: jax.Array | None = None  # decoding: cache position of the first of the l tokens
+  # The bias a table gives at these positions (a layer's own table: UMT5), or None
+  bias_of: Callable[[RelativePositionBias], jax.Array | BucketedBias] | None = None
 
 
 class LayerCache(NamedTuple):
@@ -115,8 +117,11 @@ class Block(nnx.Module):
   """
 
   def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs,
-               attention: type[Attention] = Attention):
+               attention: type[Attention] = Attention, causal: bool = False):
     self.pre_norm = cfg.norm_position == 'pre'
+    # UMT5: the self-attention's own bias table (`causal` decides its buckets)
+    self.relative_bias = (RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
+                          if cfg.relative_bias_per_layer else None)
     self.self_attention = attention(cfg, rngs=rngs)
     self.self_attention_norm = Norm(cfg, rngs=rngs)
     if cross_attention:
@@ -149,7 +154,8 @@ class Block(nnx.Module):
       cache = cache._replace(key=_write(cache.key, key_value[0], inputs.index),
                              value=_write(cache.value, key_value[1], inputs.index))
       key_value = cache.key, cache.value  # 2 x (b, length, h, kv)
-    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=inputs.bias,
+    bias = inputs.bias if self.relative_bias is None else inputs.bias_of(self.relative_bias)
+    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=bias,
                                    positions=inputs.positions)
     x = self._residual(x, y, self.self_attention_norm, deterministic, rngs)
     if inputs.cross_mask is not None:
@@ -169,16 +175,18 @@ def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs,
-                attention: type[Attention] = Attention):
+                attention: type[Attention] = Attention, causal: bool = False):
   """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers)."""
   if not cfg.scan_layers:
-    return nnx.List([Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention)
+    return nnx.List([Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention,
+                           causal=causal)
                      for _ in range(num_layers)])
 
   @nnx.split_rngs(splits=num_layers)
   @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: 'layers'})
   def create(rngs):
-    return Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention)
+    return Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention,
+                 causal=causal)
 
   return create(rngs)
 
@@ -195,7 +203,7 @@ class Stack(nnx.Module):
                rngs: nnx.Rngs, embed_width: int | None = None):
     self.cfg, self.num_layers, self.causal = cfg, num_layers, causal
     embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
-    if cfg.position == 't5_relative':
+    if cfg.position == 't5_relative' and not cfg.relative_bias_per_layer:
       self.relative_bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
     self.long_inputs = not causal and cfg.encoder_attention != 'dense'  # a LongT5 encoder
     self.global_bias = (RelativePositionBias(cfg, bidirectional=True, rngs=rngs)
@@ -213,7 +221,7 @@ class Stack(nnx.Module):
         (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
         cfg=cfg, rngs=rngs)
     self.layers = make_layers(
-        cfg, num_layers, cross_attention=cross_attention, rngs=rngs,
+        cfg, num_layers, cross_attention=cross_attention, rngs=rngs, causal=causal,
         attention=long_attention.LongAttention if self.long_inputs else Attention)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
@@ -234,7 +242,11 @@ class Stack(nnx.Module):
     mask = (attention_layout if flash else padded_rows
             if one_example_rows and self.cfg.attention in ('auto', 'xla', 'cudnn')
             else attention_mask)
-    inputs = self._self_attention_inputs(features, mask)
+
+    def bias_of(table: RelativePositionBias) -> jax.Array | BucketedBias:
+      return table.bucketed() if flash else table(length, length)
+
+    inputs = self._self_attention_inputs(features, mask, bias_of)
     if encoded is not None:
       inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
@@ -246,25 +258,22 @@ class Stack(nnx.Module):
       x = self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)
     return x
 
-  def _self_attention_inputs(self, features: Features, mask) -> LayerInputs:
-    """The layers' self-attention mask (made by `mask`, one of attention.py's), bias and RoPE
-    positions; a LongT5 encoder's layout and blocked bias (models/long_attention.py)."""
-    length = features.tokens.shape[1]
-    flash = self.cfg.attention == 'flash'
-    if self.long_inputs and not flash:  # blockwise; flash: the kernel's window (local only)
+  def _self_attention_inputs(self, features: Features, mask, bias_of) -> LayerInputs:
+    """The layers' self-attention mask (made by `mask`, one of attention.py's), bias (`bias_of`
+    a table) and RoPE positions; a LongT5 encoder's layout and blocked bias
+    (models/long_attention.py), or under flash (local only) the kernel's layout with a window."""
+    if self.long_inputs and self.cfg.attention != 'flash':
       layout = long_attention.long_layout(features.tokens > 0, features.segment_ids, self.cfg)
       global_bias = None if self.global_bias is None else self.global_bias.bucketed()
       return LayerInputs(layout, long_attention.long_bias(
           layout, self.relative_bias.bucketed(), global_bias), None)
-    bias = None
-    if self.cfg.position == 't5_relative':
-      bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
     return LayerInputs(
-        mask=mask(length, None if self.causal else features.tokens > 0,
+        bias_of=bias_of, bias=self._stack_bias(bias_of),
+        mask=mask(features.tokens.shape[1], None if self.causal else features.tokens > 0,
                   query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
                   causal=self.causal, prefix=features.bidirectional,
                   window=self.cfg.local_radius if self.long_inputs else None),
-        bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
+        positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
 
   def apply_with_cache(self, x: jax.Array, index: jax.Array, cache: DecodeCache
                        ) -> tuple[jax.Array, DecodeCache]:
@@ -278,10 +287,13 @@ class Stack(nnx.Module):
     keys = jnp.arange(cache.length)
     # A token sees its own row's keys from the start token up to itself: (b, l, length).
     visible = (keys >= cache.start[:, None, None]) & (keys <= slots[:, None])
+
+    def bias_of(table: RelativePositionBias) -> jax.Array:
+      return table(length, cache.length, index)
+
     inputs = LayerInputs(
         mask=visible[:, None],  # (b, l, length) -> (b, 1, l, length)
-        bias=(self.relative_bias(length, cache.length, index)
-              if self.cfg.position == 't5_relative' else None),
+        bias=self._stack_bias(bias_of), bias_of=bias_of,
         positions=positions if self.cfg.position == 'rope' else None,
         cross_mask=(None if cache.encoder_valid is None
                     else cache.encoder_valid[:, None, None, :]),  # (b, m) -> (b, 1, 1, m)
@@ -302,6 +314,10 @@ class Stack(nnx.Module):
     if self.cfg.norm_position == 'pre':
       x = self.final_norm(x)
     return x, cache._replace(layers=layers)
+
+  def _stack_bias(self, bias_of) -> jax.Array | BucketedBias | None:
+    """The bias of the stack's one table, which all its layers share; None without one."""
+    return bias_of(self.relative_bias) if hasattr(self, 'relative_bias') else None
 
   def init_layer_caches(self, batch_size: int, length: int, encoded: jax.Array | None = None
                         ) -> tuple[LayerCache, ...] | LayerCache:
