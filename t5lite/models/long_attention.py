@@ -227,7 +227,8 @@ class LongAttention(Attention):
                         else None)
 
   def attend(self, x: jax.Array, key: jax.Array, value: jax.Array, *,
-             mask: LongLayout | AttentionLayout, bias: LongBias | BucketedBias, positions: jax.Array | None = None) -> jax.Array:
+             mask: LongLayout | AttentionLayout, bias: LongBias | BucketedBias,
+             positions: jax.Array | None = None) -> jax.Array:
     """x (b, l, d), the layer's normalized input, attends to its keys and values (b, l, h, kv)
     and to its global tokens -> (b, l, d). A local encoder under model.attention=flash gets the
     kernel's layout with its window instead of a LongLayout: Attention's path."""

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / 'bench'))
 
 
-@pytest.mark.slow  # five compiles: 126 s on 2 cores at a load of 15 (with six)
+@pytest.mark.slow  # five compiles: 14 s on 2 cores at a load of 5 (126 s at 15 with six)
 def test_a_line_per_attention_with_its_times_and_growth(capsys):
   """Dense attention only up to --dense_max_length (its l^2 memory), the others at every length."""
   import long_attention  # pylint: disable=import-outside-toplevel  # bench/long_attention.py
