@@ -151,6 +151,10 @@ def exit_status(last: dict) -> int:
 def plan_command(args, overrides):
   from t5lite.commands import plan
   config = load_run_config(args, overrides)
+  if args.longest_input:
+    print(plan.format_longest(plan.longest_input(config, args.topology,
+                                                 compile_step=not args.analytic)))
+    return
   print(plan.format_plan(plan.plan(config, args.topology, mfu=args.mfu,
                                   compile_step=not args.analytic)))
 
@@ -342,6 +346,9 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
                          'GPUs, measured; 0.4 on TPUs)')
   plan.add_argument('--analytic', action='store_true',
                     help='skip compiling; estimate memory analytically only')
+  plan.add_argument('--longest_input', action='store_true',
+                    help='find the longest data.inputs_length (in steps of 1,024) whose train '
+                         'step fits the topology, the other settings as they are')
 
 
 def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:

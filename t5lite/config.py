@@ -21,6 +21,7 @@ from t5lite import objectives
 from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.inputs import mixture
+from t5lite.models import encoder_decoder
 from t5lite.models import registry
 from t5lite.models.config import ModelConfig
 
@@ -44,6 +45,23 @@ BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-1
             position='learned', embed_norm=True, use_bias=True, tie_embeddings=True, dropout=0.1)
 # The shipped presets, `--config=NAME` from any folder (installed with the package).
 PRESETS = pathlib.Path(__file__).parent / 'configs'
+# LongT5's pretraining (models/encoder_decoder.py), or span corruption at its lengths
+LONG_T5_DATA = {'principal_sentences': encoder_decoder.LONGT5_PRETRAINING,
+                'span_corruption': dict(encoder_decoder.LONGT5_PRETRAINING,
+                                        objective='span_corruption', noise_density=0.15)}
+
+
+def long_t5(preset: str, encoder_attention: str,
+            objective: str = 'principal_sentences') -> ml_collections.ConfigDict:
+  """The shipped `preset` (a T5 v1.1 one) as LongT5: its encoder (`encoder_attention` local or
+  transient_global, a radius of 127, global blocks of 16) and its pretraining (`LONG_T5_DATA`:
+  principal_sentences, or span_corruption at the same lengths)."""
+  if objective not in LONG_T5_DATA:
+    raise ValueError(f'LongT5 pretrains with {" or ".join(LONG_T5_DATA)}, not {objective!r}')
+  config = load(str(PRESETS / f'{preset}.py'))
+  config.model.update(encoder_attention=encoder_attention, local_radius=127, global_block_size=16)
+  config.data.update(LONG_T5_DATA[objective])
+  return config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -85,15 +103,17 @@ def _data_defaults() -> ml_collections.ConfigDict:
   # bundled | bytes (ByT5's UTF-8 bytes, no model file) | path to a SentencePiece .model
   # (sentinels are appended)
   data.vocabulary = 'bundled'
-  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra | seq2seq_lm
-  # (t5lite/objectives)
+  # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | principal_sentences |
+  # electra | seq2seq_lm (t5lite/objectives)
   data.objective = 'span_corruption'
   # Lengths as seqio's feature converters read them: span_corruption and bart: encoder inputs and
   # decoder targets; mlm: the encoder's inputs_length (targets_length 0); causal_lm: the decoder's
   # targets_length (inputs_length 0); prefix_lm: a decoder row of inputs_length + targets_length.
   data.inputs_length = 512  # encoder length after corruption
   data.targets_length = 114  # decoder length; random_spans_helper's value for 512 inputs
-  data.noise_density = 0.15  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3
+  # fraction of tokens noised: span_corruption and mlm 0.15, bart 0.3; of sentences chosen at
+  # most: principal_sentences 0.2 (LongT5's)
+  data.noise_density = 0.15
   data.mean_noise_span_length = 3.0  # span_corruption's mean span; bart's Poisson lambda
   data.mode = ''  # text every example's inputs start with: UL2's mode tokens ('[NLU]', ...)
   data.batch_size = 128  # global, across all processes

@@ -34,6 +34,7 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 from t5lite import objectives
 from t5lite.inputs import batches as batches_lib
 from t5lite.models import family
+from t5lite.models import long_attention
 from t5lite.models.config import ModelConfig
 from t5lite.train import flops as flops_lib
 from t5lite.train import mesh as mesh_lib
@@ -216,7 +217,7 @@ def per_device_bytes(tree) -> int:
 
 
 def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor: int, *,
-                cross_length: int = 0) -> dict[str, float]:
+                cross_length: int = 0, scored: int | None = None) -> dict[str, float]:
   """Bytes one layer keeps for its backward pass on one device, for b examples, by remat policy.
 
   none, per sublayer: its input, the residual stream (b, length, d_model) in the compute dtype
@@ -226,6 +227,7 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   the outputs of its input projections, (b, length, d_ff), two when gated (the activation and
   the gating product are recomputed in fusions). Heads and d_ff are split over `tensor`,
   d_model activations are not. cross_length > 0 adds cross-attention to that many keys.
+  `scored` is self-attention's keys per query where not all kv_length (a LongT5 encoder's).
   save_dots: the layer's input and the outputs of its matmuls against weights that its backward
   pass reads (q, k, v, the attention output projection, the MLP input projections), not the
   probabilities. full: the layer's input alone.
@@ -235,10 +237,11 @@ def layer_bytes(cfg: ModelConfig, b: float, length: int, kv_length: int, tensor:
   probs = cfg.num_heads * 4 / tensor  # bytes per (query, key) pair, or 2 per query (flash)
   residual = length * cfg.d_model * s
   mlp = (2 if cfg.is_gated else 1) * length * cfg.d_ff * s / tensor
-  keys = [kv_length] + ([cross_length] if cross_length else [])
-  scores = [length * (2 if cfg.attention == 'flash' else k) * probs for k in keys]
-  none = sum(residual + 2 * length * inner + 2 * k * inner + p for k, p in zip(keys, scores))
-  dots = sum(length * inner + 2 * k * inner + residual for k in keys)
+  keys = [(kv_length, scored or kv_length)] + ([(cross_length,) * 2] if cross_length else [])
+  flash = cfg.attention == 'flash'
+  scores = [length * (2 if flash else per_query) * probs for _, per_query in keys]
+  none = sum(residual + 2 * length * inner + 2 * k * inner + p for (k, _), p in zip(keys, scores))
+  dots = sum(length * inner + 2 * k * inner + residual for k, _ in keys)
   return {'none': b * (none + residual + mlp), 'save_dots': b * (dots + residual + mlp),
           'full': b * residual}
 
@@ -247,21 +250,27 @@ def activation_bytes(cfg: ModelConfig, inputs_length: int, targets_length: int, 
                      tensor: int) -> float:
   """Activation bytes per device at their peak, as the backward pass starts.
 
-  Every layer keeps `layer_bytes` of its remat policy until its backward pass, and the encoder
-  output is kept for the cross-attentions. On top, the larger transient: the float32 logits
-  over the vocab (split over `tensor`) with their gradient, or, under remat, the tensors of the
-  one layer being recomputed.
+  Every layer keeps `layer_bytes` of its remat policy until its backward pass (a LongT5
+  encoder's over its 3-block keys and global tokens: long_attention.sizes, and TGlobal's side
+  bias, built once per stack), and the encoder output is kept for the cross-attentions. On top,
+  the larger transient: the float32 logits over the vocab (split over `tensor`) with their
+  gradient, or, under remat, the tensors of the one layer being recomputed.
   """
   shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
-  stacks = [(stack.layers, layer_bytes(stack.cfg, b, stack.length, stack.length, tensor,
-                                       cross_length=stack.cross_length or 0))
-            for stack in shapes.stacks]
+  stacks, side_bias = [], 0.0
+  for stack in shapes.stacks:
+    long = long_attention.sizes(stack.cfg, stack.length) if stack.long_inputs else None
+    stacks.append((stack.layers, layer_bytes(
+        stack.cfg, b, stack.length, long.held if long else stack.length, tensor,
+        cross_length=stack.cross_length or 0, scored=long.scored if long else None)))
+    if long:  # TGlobal's side bias, float32 (b, heads, l, g), and its int32 distances (b, l, g)
+      side_bias += b * stack.length * long.global_tokens * 4 * (stack.cfg.num_heads / tensor + 1)
   encoded = sum(b * (stack.cross_length or 0) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
                 for stack in shapes.stacks)
   kept = sum(count * layer[cfg.remat_policy] for count, layer in stacks)
   logits = 2 * b * shapes.logits_length * cfg.vocab_size * 4 / tensor
   recomputed = 0 if cfg.remat_policy == 'none' else max(layer['none'] for _, layer in stacks)
-  return kept + encoded + max(logits, recomputed)
+  return kept + encoded + side_bias + max(logits, recomputed)
 
 
 def expert_params(model_cfg: ModelConfig, params) -> tuple[int, int]:
@@ -442,6 +451,61 @@ def plan(config: ml_collections.ConfigDict, topology: str, *, mfu: float | None 
   result['fits'] = None if hbm is None else (
       not out_of_memory and result['memory_per_device'] <= hbm)
   return result
+
+
+INPUT_STEP = 1024  # --longest_input's resolution
+
+
+def longest_input(config: ml_collections.ConfigDict, topology: str, *,
+                  compile_step: bool = True, step: int = INPUT_STEP,
+                  limit: int = 1 << 20) -> dict:
+  """The longest data.inputs_length, a multiple of `step` up to `limit`, whose train step fits
+  `topology`'s memory, every other setting as it is: doubled from `step` until it does not fit,
+  then the gap halved. {'inputs_length': the longest (0: not `step`), 'plan': its plan, 'next':
+  the plan of `step` more tokens (None past `limit`)}."""
+  if config.data.inputs_length <= 0:
+    raise ValueError(f'--longest_input varies data.inputs_length, which data.objective='
+                     f'{config.data.objective} does not read')
+  if parse_topology(topology).chip is None:  # before the first plan compiles anything
+    raise ValueError(f'--longest_input needs a topology whose memory is known (TPU slices, '
+                     f'GPUs), not {topology}')
+
+  def planned(length: int) -> dict:
+    trial = config.copy_and_resolve_references()
+    trial.data.inputs_length = length
+    return plan(trial, topology, compile_step=compile_step)
+
+  fit, no_fit = (0, None), (step, planned(step))  # (inputs_length, its plan)
+  while no_fit[1]['fits']:
+    fit = no_fit
+    if fit[0] * 2 > limit:
+      return {'inputs_length': fit[0], 'plan': fit[1], 'next': None}
+    no_fit = (fit[0] * 2, planned(fit[0] * 2))
+  while fit[0] and no_fit[0] - fit[0] > step:
+    middle = (fit[0] + no_fit[0]) // 2 // step * step
+    result = planned(middle)
+    fit, no_fit = ((middle, result), no_fit) if result['fits'] else (fit, (middle, result))
+  return {'inputs_length': fit[0], 'plan': fit[1],
+          'next': no_fit[1] if no_fit[0] == fit[0] + step else planned(fit[0] + step)}
+
+
+def format_longest(result: dict) -> str:
+  """--longest_input's answer: the length, its memory against the chip's, and the next step's."""
+  longest, nearest = result['plan'], result['next']
+  chip = longest or nearest
+  lines = [f"{chip['topology']}: {chip['num_devices']} x {chip['device_kind']}, mesh "
+           + ' '.join(f'{axis}={size}' for axis, size in chip['mesh'].items())
+           + f", remat {chip['remat_policy']}, {chip['num_params'] / 1e6:,.0f}M parameters"]
+  for length, planned in ((result['inputs_length'], longest),
+                          (result['inputs_length'] + INPUT_STEP, nearest)):
+    if planned is not None:
+      how = 'compiled by XLA' if planned['compiled'] else 'analytic estimate'
+      lines.append(f"inputs_length {length:,}: {_gib(planned['memory_per_device'])} of "
+                   f"{_gib(planned['hbm_per_device'])} per device ({how}), "
+                   f"{'fits' if planned['fits'] else 'does NOT fit'}")
+  lines.append(f"longest input that fits, in steps of {INPUT_STEP:,}: "
+               f"{result['inputs_length']:,} tokens")
+  return '\n'.join(lines)
 
 
 def _gib(n) -> str:

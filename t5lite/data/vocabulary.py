@@ -177,6 +177,17 @@ class SentencePieceVocabulary(Vocabulary):
     ids = [self._sp.piece_to_id(piece) for piece in SENTENCE_ENDS]
     return [i for i in ids if i != UNK_ID]
 
+  def unigram_ids(self) -> np.ndarray:
+    """(vocab_size,) int32: each id's word as ROUGE reads text (its letters and digits,
+    lowercased: '▁The' and 'the' are one word), numbered from 1; 0 for pieces of none
+    (punctuation, the special pieces, sentinels). Where PEGASUS scores sentences."""
+    words = [''] * self.vocab_size
+    for i in range(self.num_pieces):
+      if not (self._sp.is_control(i) or self._sp.is_unknown(i)):
+        words[i] = re.sub(r'[^a-z0-9]', '', self._sp.id_to_piece(i).lower())
+    numbers = {word: n for n, word in enumerate(sorted(set(words) - {''}), start=1)}
+    return np.asarray([numbers.get(word, 0) for word in words], np.int32)
+
   def encode(self, text: str) -> list[int]:
     """>>> vocab.encode('The <extra_id_0> walks')  # [..'▁The'.., 8099, ..'▁walks'..]"""
     ids = []

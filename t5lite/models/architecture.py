@@ -22,6 +22,9 @@ class StackShape(NamedTuple):
   causal: bool  # a causal kernel skips half of the score and value matmuls
   cross_length: int | None = None  # encoder positions its cross-attention reads; None: none
   sparse_layers: int = 0  # layers whose MLP is sparse experts (models/experts.py)
+  # A LongT5 encoder: each query scores its 3 local blocks and the global tokens, not every
+  # position (models/long_attention.py `sizes`)
+  long_inputs: bool = False
 
 
 class Shapes(NamedTuple):
@@ -63,3 +66,10 @@ def refuse_encoder_heads(cfg: ModelConfig) -> None:
   if cfg.mlm_transform != 'none':
     raise ValueError(f"model.mlm_transform is BERT's and RoBERTa's (arch=encoder), not "
                      f"arch={cfg.arch!r}")
+
+
+def refuse_long_encoder(cfg: ModelConfig) -> None:
+  """For the families without an encoder-decoder's encoder, the one LongT5's attention is."""
+  if cfg.encoder_attention != 'dense':
+    raise ValueError(f"model.encoder_attention={cfg.encoder_attention} is LongT5's encoder "
+                     f"(arch=encoder_decoder), not arch={cfg.arch!r}'s")

@@ -14,6 +14,7 @@ NORMS = ('rms', 'layer')
 NORM_POSITIONS = ('pre', 'post')
 POSITIONS = ('t5_relative', 'sinusoidal', 'learned', 'rope')
 ATTENTIONS = ('auto', 'xla', 'cudnn', 'einsum', 'flash')
+ENCODER_ATTENTIONS = ('dense', 'local', 'transient_global')
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 DTYPES = ('float32', 'bfloat16', 'float16')
 MLM_TRANSFORMS = ('none', 'bert', 'roberta')
@@ -66,6 +67,13 @@ class ModelConfig:
   # (jax.nn.dot_product_attention) | einsum (plain) | flash (Pallas, T5's bias computed in the
   # kernel, Triton's on GPUs and Mosaic's on TPUs: models/flash_attention.py)
   attention: str = 'auto'
+  # The encoder's self-attention (an encoder-decoder's, T5's relative positions): dense (every
+  # token) | local (LongT5: the tokens within local_radius) | transient_global (LongT5: local plus
+  # one global token per global_block_size tokens); models/long_attention.py. local takes
+  # attention=flash (the kernel's window), transient_global does not
+  encoder_attention: str = 'dense'
+  local_radius: int = 127  # LongT5: tokens seen on either side (blocks of local_radius + 1)
+  global_block_size: int = 16  # LongT5 transient_global: input tokens summed into a global token
   scan_layers: bool = False  # one compiled layer scanned over depth: faster compiles
   scan_unroll: int = 1  # layers per scanned loop iteration (fewer iterations, their slicing)
   remat_policy: str = 'none'  # none | full | save_dots
@@ -114,6 +122,7 @@ class ModelConfig:
     choice('norm_position', NORM_POSITIONS)
     choice('position', POSITIONS)
     choice('attention', ATTENTIONS)
+    choice('encoder_attention', ENCODER_ATTENTIONS)
     choice('remat_policy', REMAT_POLICIES)
     choice('mlm_transform', MLM_TRANSFORMS)
     choice('expert_weights', EXPERT_WEIGHTS)
@@ -128,6 +137,12 @@ class ModelConfig:
                        f'{self.position!r}')
     if self.position == 'rope' and self.d_kv % 2:
       raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
+    if self.local_radius < 1:
+      raise ValueError(f'model.local_radius must be at least 1, got {self.local_radius}')
+    if self.global_block_size < 2:
+      raise ValueError(f'model.global_block_size must be at least 2, got {self.global_block_size}')
+    if self.encoder_attention != 'dense':
+      self._check_long_encoder()
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f'model.dropout must be in [0, 1), got {self.dropout}')
     if not 0.0 < self.generator_size <= 1.0:
@@ -147,6 +162,19 @@ class ModelConfig:
                        f'model.num_experts={self.num_experts}')
     if not 0.0 <= self.router_jitter < 1.0:
       raise ValueError(f'model.router_jitter must be in [0, 1), got {self.router_jitter}')
+
+  def _check_long_encoder(self):
+    """LongT5's encoders read T5's relative bias table; the flash kernel computes the local one
+    (a window), not TGlobal's single softmax over the window and the global tokens."""
+    if self.position != 't5_relative':
+      raise ValueError(f'model.encoder_attention={self.encoder_attention} takes T5\'s relative '
+                       f'positions, not model.position={self.position}')
+    if self.relative_bias_per_layer:
+      raise ValueError(f'model.encoder_attention={self.encoder_attention} reads one relative bias '
+                       'table per stack, not model.relative_bias_per_layer (UMT5\'s)')
+    if self.attention == 'flash' and self.encoder_attention == 'transient_global':
+      raise ValueError('model.attention=flash takes encoder_attention=local, not transient_global '
+                       '(one softmax over the window and the global tokens): use xla')
 
   @property
   def is_gated(self) -> bool:

@@ -64,6 +64,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_decoder_layers')
+  architecture.refuse_long_encoder(cfg)
   architecture.refuse_encoder_heads(cfg)
 
 

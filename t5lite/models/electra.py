@@ -109,6 +109,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers')
   architecture.refuse_encoder_heads(cfg)
+  architecture.refuse_long_encoder(cfg)
 
 
 def hf_check(cfg: ModelConfig) -> None:

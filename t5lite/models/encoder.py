@@ -77,6 +77,7 @@ def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
 
 def check(cfg: ModelConfig) -> None:
   architecture.require_layers(cfg, 'num_encoder_layers')
+  architecture.refuse_long_encoder(cfg)
 
 
 # HF's names of the MLM head's transform dense, its LayerNorm and the output bias

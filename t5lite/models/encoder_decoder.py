@@ -1,13 +1,16 @@
-"""model.arch='encoder_decoder': T5 (and Vaswani et al., BART), a bidirectional encoder read by a
-causal decoder; T5ForConditionalGeneration (ByT5's too), MT5ForConditionalGeneration,
-UMT5ForConditionalGeneration and, with learned positions, BartForConditionalGeneration both ways.
+"""model.arch='encoder_decoder': T5 (and Vaswani et al., BART, LongT5), a bidirectional encoder
+read by a causal decoder; T5ForConditionalGeneration (ByT5's too), MT5ForConditionalGeneration,
+UMT5ForConditionalGeneration, with learned positions BartForConditionalGeneration, and with a
+LongT5 encoder (`model.encoder_attention`) LongT5ForConditionalGeneration, both ways.
 
 Hugging Face keeps T5's relative attention bias only in block 0 of each stack, as we keep one
-table per stack; UMT5 has one in every layer (`model.relative_bias_per_layer`). Tied heads: T5
-v1.0 ties the lm head to the shared embedding and rescales by d_model**-0.5
-(`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling. transformers 5.x may tie
-an unscaled head to the embedding (`scale_decoder_outputs: false`); such a checkpoint imports as
-an untied head holding a copy of the embedding, which computes the same logits.
+table per stack (LongT5 too, with TGlobal's side bias table, while each of its encoder layers
+has its own layer norm of the global tokens); UMT5 has one in every layer
+(`model.relative_bias_per_layer`). Tied heads: T5 v1.0 ties the lm head to the shared embedding
+and rescales by d_model**-0.5 (`tie_word_embeddings: true`). v1.1 has its own lm head and no
+rescaling. transformers 5.x may tie an unscaled head to the embedding (`scale_decoder_outputs:
+false`); such a checkpoint imports as an untied head holding a copy of the embedding, which
+computes the same logits.
 
 mT5 is T5 v1.1 with a 250,112-id vocabulary: the same weights, exported as MT5 where
 `model.hf_model_type='mt5'` (MT5ForConditionalGeneration never rescales: only an untied head).
@@ -92,12 +95,13 @@ class EncoderDecoder(LanguageModel):
 
 
 def shapes(cfg: ModelConfig, inputs_length: int, targets_length: int) -> Shapes:
-  """The encoder over the inputs; the decoder (causal self-attention, cross-attention to all
-  inputs) and the lm head over the targets."""
+  """The encoder (dense or LongT5's) over the inputs; the decoder (causal self-attention,
+  cross-attention to all inputs) and the lm head over the targets."""
   steps = experts.sparse_steps(cfg)
   return Shapes((StackShape(cfg, cfg.num_encoder_layers, inputs_length, causal=False,
                             sparse_layers=experts.num_sparse(cfg.num_encoder_layers,
-                                                             steps['encoder'])),
+                                                             steps['encoder']),
+                            long_inputs=cfg.encoder_attention != 'dense'),
                  StackShape(cfg, cfg.num_decoder_layers, targets_length, causal=True,
                             cross_length=inputs_length,
                             sparse_layers=experts.num_sparse(cfg.num_decoder_layers,
@@ -112,34 +116,37 @@ def check(cfg: ModelConfig) -> None:
 
 
 T5_FIELDS = dict(position='t5_relative', norm='rms', norm_position='pre', use_bias=False)
+DENSE_T5_FIELDS = dict(T5_FIELDS, encoder_attention='dense')  # LongT5's is another class
 
 
 def t5_check(cfg: ModelConfig) -> None:
-  hf_mapping.check_fields(cfg, 'T5', {**T5_FIELDS, 'relative_bias_per_layer': False})
+  hf_mapping.check_fields(cfg, 'T5', {**DENSE_T5_FIELDS, 'relative_bias_per_layer': False})
 
 
 def mt5_check(cfg: ModelConfig) -> None:
-  hf_mapping.check_fields(cfg, 'MT5', {**T5_FIELDS, 'relative_bias_per_layer': False,
+  hf_mapping.check_fields(cfg, 'MT5', {**DENSE_T5_FIELDS, 'relative_bias_per_layer': False,
                                        'tie_embeddings': False})
 
 
 def umt5_check(cfg: ModelConfig) -> None:
-  hf_mapping.check_fields(cfg, 'UMT5', T5_FIELDS)
+  hf_mapping.check_fields(cfg, 'UMT5', DENSE_T5_FIELDS)
 
 
-def t5_table(cfg: ModelConfig, head_scale: float = 1.0) -> list[Row]:
+def t5_table(cfg: ModelConfig, head_scale: float = 1.0,
+             encoder_attention: str = 'SelfAttention') -> list[Row]:
   """Every tensor of T5ForConditionalGeneration (and MT5's, UMT5's: a bias table in every layer
-  where relative_bias_per_layer); HF's untied head carries `head_scale` over ours."""
+  where relative_bias_per_layer; LongT5's: its encoder's attention so named); HF's untied head
+  carries `head_scale` over ours."""
   rows = [Row(('embed', 'embedding'), 'shared.weight', 0)]
   if not cfg.tie_embeddings:
     rows.append(Row(('lm_head', 'kernel'), 'lm_head.weight', 1, head_scale))
   mlp = ('wi_0', 'wi_1', 'wo') if cfg.is_gated else ('wi', 'wo')
-  stacks = (('encoder', cfg.num_encoder_layers, (('self_attention', 'SelfAttention'),)),
+  stacks = (('encoder', cfg.num_encoder_layers, (('self_attention', encoder_attention),)),
             ('decoder', cfg.num_decoder_layers, (('self_attention', 'SelfAttention'),
                                                  ('cross_attention', 'EncDecAttention'))))
   for stack, num_layers, attentions in stacks:
     rows.append(Row((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0))
-    bias = 'layer.0.SelfAttention.relative_attention_bias.weight'
+    bias = f'layer.0.{attentions[0][1]}.relative_attention_bias.weight'
     if not cfg.relative_bias_per_layer:
       rows.append(Row((stack, 'relative_bias', 'embedding'), f'{stack}.block.0.{bias}', 0))
     for i in range(num_layers):
@@ -225,6 +232,51 @@ def t5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
       relative_max_distance=config.get('relative_attention_max_distance', 128),
       tie_embeddings=bool(scaled), use_bias=False, dropout=config.get('dropout_rate', 0.0))
   return fields, tensors
+
+
+# How LongT5 pretrained (Guo et al. 2022), and an imported one continues: 4,096 inputs and 910
+# targets (span corruption's for 4,096 inputs) of PEGASUS's principal sentences, 20% at most
+LONGT5_PRETRAINING = dict(objective='principal_sentences', noise_density=0.2, inputs_length=4096,
+                          targets_length=910)
+# LongT5's encoder attention: ours -> Hugging Face's encoder_attention_type and its layer's name
+LONGT5_ATTENTIONS = {'local': ('local', 'LocalSelfAttention'),
+                     'transient_global': ('transient-global', 'TransientGlobalSelfAttention')}
+
+
+def longt5_check(cfg: ModelConfig) -> None:
+  hf_mapping.check_fields(cfg, 'LongT5', T5_FIELDS)
+
+
+def longt5_table(cfg: ModelConfig) -> list[Row]:
+  """Every tensor of LongT5ForConditionalGeneration: T5's, and TGlobal's side bias table (block 0,
+  as the local one) and each layer's layer norm of the global tokens."""
+  name = LONGT5_ATTENTIONS[cfg.encoder_attention][1]
+  rows = t5_table(cfg, encoder_attention=name)
+  if cfg.encoder_attention == 'transient_global':
+    rows.append(Row(('encoder', 'global_bias', 'embedding'),
+                    f'encoder.block.0.layer.0.{name}.global_relative_attention_bias.weight', 0))
+    rows += [Row(('encoder', 'layers', i, 'self_attention', 'global_norm', 'scale'),
+                 f'encoder.block.{i}.layer.0.{name}.global_input_layer_norm.weight', 0)
+             for i in range(cfg.num_encoder_layers)]
+  return rows
+
+
+def longt5_config(cfg: ModelConfig) -> dict[str, Any]:
+  return {**t5_config(cfg), 'encoder_attention_type': LONGT5_ATTENTIONS[cfg.encoder_attention][0],
+          'local_radius': cfg.local_radius, 'global_block_size': cfg.global_block_size}
+
+
+def longt5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+                ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """T5's fields and LongT5's encoder attention, its radius and global block size."""
+  kind = config.get('encoder_attention_type', 'local')  # LongT5Config's default
+  ours = {theirs: name for name, (theirs, _) in LONGT5_ATTENTIONS.items()}
+  if kind not in ours:
+    raise ValueError(f'unsupported LongT5 encoder_attention_type={kind!r}; expected one of '
+                     f'{", ".join(ours)}')
+  fields, tensors = t5_load(config, tensors)
+  return dict(fields, encoder_attention=ours[kind], local_radius=config.get('local_radius', 127),
+              global_block_size=config.get('global_block_size', 16)), tensors
 
 
 BART_NORM_EPS = 1e-5  # HF's nn.LayerNorm default, which BartConfig does not set
@@ -351,6 +403,10 @@ FAMILY = Family(
                 fits=lambda cfg: cfg.position == 'learned',
                 data=lambda cfg: dict(objective='bart', inputs_length=min(cfg.max_length, 512),
                                       targets_length=min(cfg.max_length, 512))),
+        HfModel('LongT5', 'LongT5ForConditionalGeneration', 'longt5', check=longt5_check,
+                config=longt5_config, table=longt5_table, text=hf_mapping.T5_TEXT,
+                load=longt5_load, fits=lambda cfg: cfg.encoder_attention != 'dense',
+                data=lambda cfg: LONGT5_PRETRAINING),
         HfModel('UMT5', 'UMT5ForConditionalGeneration', 'umt5', check=umt5_check,
                 config=t5_config, table=umt5_table, text=hf_mapping.T5_TEXT, load=umt5_load,
                 fits=lambda cfg: cfg.relative_bias_per_layer),

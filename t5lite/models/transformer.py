@@ -26,6 +26,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import long_attention
 from t5lite.models.attention import (Attention, AttentionLayout, PaddedRows, attention_layout,
                                      attention_mask, padded_rows)
 from t5lite.models.config import ModelConfig
@@ -66,8 +67,10 @@ class Features(NamedTuple):
 
 class LayerInputs(NamedTuple):
   """What every layer of a stack reads besides the hidden states; computed once per stack."""
-  mask: jax.Array | AttentionLayout | PaddedRows  # (b|1, 1, l, l) mask, flash's ids, or lengths
-  bias: jax.Array | BucketedBias | None  # (1, h, l, l) T5 relative position bias, or its table
+  # (b|1, 1, l, l) mask, flash's ids, lengths, or a LongT5 encoder's layout
+  mask: jax.Array | AttentionLayout | PaddedRows | long_attention.LongLayout
+  # (1, h, l, l) T5 relative position bias, its table, or a LongT5 encoder's blocked bias
+  bias: jax.Array | BucketedBias | long_attention.LongBias | None
   positions: jax.Array | None  # (b, l) for RoPE
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
   cross_mask: jax.Array | AttentionLayout | PaddedRows | None = None  # (b|1, 1, l|1, m)
@@ -116,12 +119,13 @@ class Block(nnx.Module):
   """
 
   def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs,
-               causal: bool = False, sparse: bool = False):
+               attention: type[Attention] = Attention, causal: bool = False,
+               sparse: bool = False):
     self.pre_norm = cfg.norm_position == 'pre'
     # UMT5: the self-attention's own bias table (`causal` decides its buckets)
     self.relative_bias = (RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
                           if cfg.relative_bias_per_layer else None)
-    self.self_attention = Attention(cfg, rngs=rngs)
+    self.self_attention = attention(cfg, rngs=rngs)
     self.self_attention_norm = Norm(cfg, rngs=rngs)
     if cross_attention:
       self.cross_attention = Attention(cfg, rngs=rngs)
@@ -174,12 +178,13 @@ def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs,
-                causal: bool = False, sparse_step: int = 0):
+                attention: type[Attention] = Attention, causal: bool = False,
+                sparse_step: int = 0):
   """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers); with
   experts every sparse_step layers, scanned, one LayerGroup of sparse_step Blocks."""
   def block(i, rngs):
-    return Block(cfg, cross_attention=cross_attention, rngs=rngs, causal=causal,
-                 sparse=is_sparse(i, sparse_step))
+    return Block(cfg, cross_attention=cross_attention, rngs=rngs, attention=attention,
+                 causal=causal, sparse=is_sparse(i, sparse_step))
 
   if not cfg.scan_layers:
     return nnx.List([block(i, rngs) for i in range(num_layers)])
@@ -207,6 +212,10 @@ class Stack(nnx.Module):
     embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
     if cfg.position == 't5_relative' and not cfg.relative_bias_per_layer:
       self.relative_bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
+    self.long_inputs = not causal and cfg.encoder_attention != 'dense'  # a LongT5 encoder
+    self.global_bias = (RelativePositionBias(cfg, bidirectional=True, rngs=rngs)
+                        if self.long_inputs and cfg.encoder_attention == 'transient_global'
+                        else None)  # TGlobal's side bias
     if cfg.position == 'learned':
       self.position_embedding = Embed(cfg.max_length, embed_cfg.d_model, (None, 'embed'),
                                       std=0.02, cfg=cfg, rngs=rngs)
@@ -218,8 +227,10 @@ class Stack(nnx.Module):
     self.embed_projection = None if embed_cfg.d_model == cfg.d_model else Dense(
         (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
         cfg=cfg, rngs=rngs)
-    self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs,
-                              causal=causal, sparse_step=sparse_step)
+    self.layers = make_layers(
+        cfg, num_layers, cross_attention=cross_attention, rngs=rngs, causal=causal,
+        attention=long_attention.LongAttention if self.long_inputs else Attention,
+        sparse_step=sparse_step)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
@@ -243,12 +254,7 @@ class Stack(nnx.Module):
     def bias_of(table: RelativePositionBias) -> jax.Array | BucketedBias:
       return table.bucketed() if flash else table(length, length)
 
-    inputs = LayerInputs(
-        bias_of=bias_of, bias=self._stack_bias(bias_of),
-        mask=mask(length, None if self.causal else features.tokens > 0,
-                  query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
-                  causal=self.causal, prefix=features.bidirectional),
-        positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
+    inputs = self._self_attention_inputs(features, mask, bias_of)
     if encoded is not None:
       inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
@@ -259,6 +265,23 @@ class Stack(nnx.Module):
     if self.cfg.norm_position == 'pre':
       x = self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)
     return x
+
+  def _self_attention_inputs(self, features: Features, mask, bias_of) -> LayerInputs:
+    """The layers' self-attention mask (made by `mask`, one of attention.py's), bias (`bias_of`
+    a table) and RoPE positions; a LongT5 encoder's layout and blocked bias
+    (models/long_attention.py), or under flash (local only) the kernel's layout with a window."""
+    if self.long_inputs and self.cfg.attention != 'flash':
+      layout = long_attention.long_layout(features.tokens > 0, features.segment_ids, self.cfg)
+      global_bias = None if self.global_bias is None else self.global_bias.bucketed()
+      return LayerInputs(layout, long_attention.long_bias(
+          layout, self.relative_bias.bucketed(), global_bias), None)
+    return LayerInputs(
+        bias_of=bias_of, bias=self._stack_bias(bias_of),
+        mask=mask(features.tokens.shape[1], None if self.causal else features.tokens > 0,
+                  query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
+                  causal=self.causal, prefix=features.bidirectional,
+                  window=self.cfg.local_radius if self.long_inputs else None),
+        positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
 
   def apply_with_cache(self, x: jax.Array, index: jax.Array, cache: DecodeCache
                        ) -> tuple[jax.Array, DecodeCache]:

@@ -16,6 +16,7 @@ from t5lite.objectives import distillation
 from t5lite.objectives import electra
 from t5lite.objectives import mlm
 from t5lite.objectives import mlm_nsp
+from t5lite.objectives import principal_sentences
 from t5lite.objectives import routing
 from t5lite.objectives import span_corruption
 from t5lite.objectives import ul2
@@ -28,6 +29,7 @@ OBJECTIVES = {objective.name: objective for objective in (
     causal_lm.CAUSAL_LM,
     causal_lm.PREFIX_LM,
     bart.OBJECTIVE,
+    principal_sentences.OBJECTIVE,
     electra.OBJECTIVE,
     ul2.S_DENOISER,
 )}

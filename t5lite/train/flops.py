@@ -15,16 +15,28 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import family
+from t5lite.models import long_attention
 from t5lite.models.config import ModelConfig
 
 
-def attention_flops(cfg: ModelConfig, q_len: int, kv_len: int, causal: bool) -> float:
+def attention_flops(cfg: ModelConfig, q_len: int, kv_len: int, causal: bool,
+                    scored: int | None = None) -> float:
   """One attention layer over one example: Q and O projections over the queries, K and V over
-  the keys (the encoder tokens in cross-attention), q.k scores and the weighted sum of values."""
+  the keys (the encoder tokens in cross-attention), q.k scores and the weighted sum of values,
+  over `scored` keys per query (default: all kv_len)."""
   inner = cfg.num_heads * cfg.d_kv
   projections = 2 * cfg.d_model * inner * (2 * q_len + 2 * kv_len)
-  scores_and_values = 2 * 2 * q_len * kv_len * inner
+  scores_and_values = 2 * 2 * q_len * (scored or kv_len) * inner
   return projections + (scores_and_values / 2 if causal else scores_and_values)
+
+
+def long_attention_flops(cfg: ModelConfig, length: int) -> float:
+  """A LongT5 encoder layer's attention: keys and values of the tokens and global tokens, each
+  query scoring its 3 blocks and the global tokens (the blocks' padding too: what is computed),
+  and the sums that make the global tokens."""
+  long = long_attention.sizes(cfg, length)
+  return (attention_flops(cfg, length, length + long.global_tokens, causal=False,
+                          scored=long.scored) + 2 * length * long.global_tokens * cfg.d_model)
 
 
 def ffn_flops(cfg: ModelConfig, length: int) -> float:
@@ -54,8 +66,9 @@ def flops_per_example(cfg: ModelConfig, inputs_length: int, targets_length: int)
   shapes = family(cfg.arch).shapes(cfg, inputs_length, targets_length)
   total = shapes.head_flops + lm_head_flops(cfg, shapes.logits_length)
   for stack in shapes.stacks:
-    layer = (attention_flops(stack.cfg, stack.length, stack.length, causal=stack.causal)
-             + ffn_flops(stack.cfg, stack.length))
+    attention = (long_attention_flops(stack.cfg, stack.length) if stack.long_inputs else
+                 attention_flops(stack.cfg, stack.length, stack.length, causal=stack.causal))
+    layer = attention + ffn_flops(stack.cfg, stack.length)
     if stack.cross_length is not None:
       layer += attention_flops(stack.cfg, stack.length, stack.cross_length, causal=False)
     total += stack.layers * layer + stack.sparse_layers * sparse_extra_flops(stack.cfg,

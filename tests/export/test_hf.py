@@ -83,13 +83,14 @@ def padded_batch(seed: int) -> dict:
           'decoder_input_tokens': decoder.astype(np.int32)}
 
 
-def packed_batch(seed: int):
-  """Two examples packed in row 0 (row 1 repeats it), and the examples themselves."""
+def packed_batch(seed: int, sizes=((7, 3), (5, 4)), lengths=(ENCODER_LENGTH, DECODER_LENGTH)):
+  """Two examples of (encoder, decoder) `sizes` packed in row 0 of `lengths` (row 1 repeats it),
+  and the examples themselves."""
   rng = np.random.RandomState(seed)
   examples = [(rng.randint(2, 128, e), np.concatenate([[0], rng.randint(2, 128, d - 1)]))
-              for e, d in ((7, 3), (5, 4))]
+              for e, d in sizes]
   batch = {}
-  for side, index, length in (('encoder', 0, ENCODER_LENGTH), ('decoder', 1, DECODER_LENGTH)):
+  for side, index, length in (('encoder', 0, lengths[0]), ('decoder', 1, lengths[1])):
     parts = [example[index] for example in examples]
     pad = (0, length - sum(map(len, parts)))
     batch[f'{side}_input_tokens'] = np.pad(np.concatenate(parts), pad)
@@ -98,20 +99,27 @@ def packed_batch(seed: int):
   return {k: np.stack([v, v]).astype(np.int32) for k, v in batch.items()}, examples
 
 
+def packed_diff(ours, theirs, seed: int, **packing) -> float:
+  """Max |logit diff| of our logits of a packed row (`packed_batch`) against transformers' of
+  each of its examples alone."""
+  packed, examples = packed_batch(seed, **packing)
+  logits = np.asarray(ours(jax.tree.map(jnp.asarray, packed)))[0]
+  start, diff = 0, 0.0
+  for encoder, decoder in examples:
+    alone = hf_logits(theirs, encoder[None], decoder[None])[0]
+    diff = max(diff, np.abs(logits[start:start + len(decoder)] - alone).max())
+    start += len(decoder)
+  return diff
+
+
 def assert_parity(ours, theirs, seed: int) -> None:
   """Padded batch and packed batch: ours and transformers' logits within TOLERANCE."""
   batch = padded_batch(seed)
   diff = np.abs(np.asarray(ours(jax.tree.map(jnp.asarray, batch)))
                 - hf_logits(theirs, batch['encoder_input_tokens'], batch['decoder_input_tokens']))
-  packed, examples = packed_batch(seed)
-  logits = np.asarray(ours(jax.tree.map(jnp.asarray, packed)))[0]
-  start, packed_diff = 0, 0.0
-  for encoder, decoder in examples:
-    alone = hf_logits(theirs, encoder[None], decoder[None])[0]
-    packed_diff = max(packed_diff, np.abs(logits[start:start + len(decoder)] - alone).max())
-    start += len(decoder)
-  print(f'max |logit diff|: padded {diff.max():.2e}, packed {packed_diff:.2e}')
-  assert diff.max() < TOLERANCE and packed_diff < TOLERANCE
+  packed = packed_diff(ours, theirs, seed)
+  print(f'max |logit diff|: padded {diff.max():.2e}, packed {packed:.2e}')
+  assert diff.max() < TOLERANCE and packed < TOLERANCE
 
 
 @pytest.fixture(scope='module', params=sorted(VERSIONS))
@@ -274,8 +282,8 @@ def test_import_refuses_what_is_not_a_t5_checkpoint(exported, tmp_path):
     import_hf(str(tmp_path))
   with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
     json.dump({'model_type': 'llama'}, f)
-  with pytest.raises(ValueError, match="not a Switch, BART, UMT5, MT5, T5, BERT, RoBERTa, GPT-2 "
-                                       "or ELECTRA checkpoint: model_type='llama'"):
+  with pytest.raises(ValueError, match="not a Switch, BART, LongT5, UMT5, MT5, T5, BERT, RoBERTa, "
+                                       "GPT-2 or ELECTRA checkpoint: model_type='llama'"):
     import_hf(str(tmp_path))
   with open(os.path.join(folder, 'config.json')) as f:
     config = json.load(f)

@@ -19,7 +19,8 @@ from t5lite.export.hf import hf_models
 from t5lite.export.tokenizer import export_tokenizer
 from t5lite.models import decoding
 from t5lite.token_ids import EOS_ID, PAD_ID, UNK_ID
-from tests.export import test_hf, test_hf_bart, test_hf_bert, test_hf_electra, test_hf_gpt2
+from tests.export import (test_hf, test_hf_bart, test_hf_bert, test_hf_electra, test_hf_gpt2,
+                          test_hf_longt5)
 from tests.export.hf_testing import our_model, perturbed_params
 
 torch = pytest.importorskip('torch')
@@ -75,14 +76,18 @@ def test_gpt2_text_generation(tmp_path):
 
 
 @pytest.mark.filterwarnings('ignore:Using the model-agnostic default `max_length`')  # wanted
-@pytest.mark.parametrize('kind', ['t5_v1_0', 't5_v1_1', 'bart'])
+@pytest.mark.parametrize('kind', ['t5_v1_0', 't5_v1_1', 'bart', 'longt5_local',
+                                  'longt5_transient_global'])
 def test_encoder_decoder_generate(kind, tmp_path):
-  """T5 and BART: the tokenizer ends the text in EOS, as span corruption's and BART's inputs
-  end; `generate()` with the defaults (greedy, 20 new tokens) gives t5lite's greedy tokens,
-  which decode to t5lite's text."""
+  """T5, BART and LongT5: the tokenizer ends the text in EOS, as span corruption's and BART's
+  inputs end; `generate()` with the defaults (greedy, 20 new tokens) gives t5lite's greedy
+  tokens, which decode to t5lite's text."""
   vocab_size = VOCAB.vocab_size
-  cfg = (test_hf_bart.tiny(vocab_size=vocab_size) if kind == 'bart' else
-         test_hf.tiny(kind.removeprefix('t5_'), vocab_size=vocab_size))
+  if kind.startswith('longt5'):
+    cfg = test_hf_longt5.tiny(kind.removeprefix('longt5_'), vocab_size=vocab_size)
+  else:
+    cfg = (test_hf_bart.tiny(vocab_size=vocab_size) if kind == 'bart' else
+           test_hf.tiny(kind.removeprefix('t5_'), vocab_size=vocab_size))
   params = exported(cfg, seed=4, folder=tmp_path)
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
   inputs = tokenizer(TEXT, return_tensors='pt')

@@ -65,6 +65,17 @@ SWITCH = {'switch_base_8': 620e6, 'switch_base_16': 1.07e9, 'switch_base_32': 1.
           'switch_base_128': 7.4e9}
 
 
+# LongT5's presets: the LongT5 repository's sizes, and the exact count of transformers'
+# LongT5ForConditionalGeneration of the published config (d_model, d_ff, heads, layers), built
+# on the meta device, plus the v1.1 lm head that transformers 5 ties to the embedding when it
+# builds one (a checkpoint's own head loads untied).
+LONG_T5 = {'long_t5_local_base': 250e6, 'long_t5_tglobal_base': 250e6,
+           'long_t5_local_large': 780e6, 'long_t5_tglobal_large': 780e6,
+           'long_t5_local_xl': 3e9, 'long_t5_tglobal_xl': 3e9}
+LONG_T5_SIZES = {'base': (768, 2048, 12, 12), 'large': (1024, 2816, 16, 24),
+                 'xl': (2048, 5120, 32, 24)}
+
+
 def preset(name: str) -> ModelConfig:
   """The ModelConfig of configs/NAME.py, imported from its path (no config flags)."""
   spec = importlib.util.spec_from_file_location(f'configs_{name}', CONFIGS / f'{name}.py')
@@ -96,8 +107,8 @@ def t5_formula(cfg: ModelConfig) -> int:
 def test_every_preset_is_covered():
   names = {path.stem for path in CONFIGS.glob('*.py')}
   assert set(PUBLISHED) <= names
-  assert names - set(PUBLISHED) - set(FAMILY) - set(MULTILINGUAL) - set(SWITCH) <= {
-      't5_tiny', 't5_tiny_distill', 'ul2_tiny', 'switch_tiny'}, (
+  assert names - set(PUBLISHED) - set(FAMILY) - set(LONG_T5) - set(MULTILINGUAL) - set(SWITCH) <= {
+      't5_tiny', 't5_tiny_distill', 'ul2_tiny', 'long_t5_tiny', 'switch_tiny'}, (
       'add the new preset to PUBLISHED')
 
 
@@ -117,6 +128,25 @@ def test_family_preset_parameter_count(name):
   assert count == exact
   if published is not None:
     assert abs(count / published - 1) < 0.03
+
+
+@pytest.mark.parametrize('name', sorted(LONG_T5))
+def test_long_t5_preset_parameter_count_is_transformers(name):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  d_model, d_ff, heads, layers = LONG_T5_SIZES[name.rsplit('_', 1)[1]]
+  hf_config = transformers.LongT5Config(
+      vocab_size=32128, d_model=d_model, d_ff=d_ff, d_kv=64, num_heads=heads, num_layers=layers,
+      feed_forward_proj='gated-gelu', tie_word_embeddings=False, local_radius=127,
+      global_block_size=16,
+      encoder_attention_type='local' if '_local_' in name else 'transient-global')
+  with torch.device('meta'):
+    hf = transformers.LongT5ForConditionalGeneration(hf_config)
+  expected = sum(p.numel() for p in hf.parameters()) + 32128 * d_model  # and its own lm head
+  count = count_params(preset(name))
+  print(f'{name}: {count:,} parameters (transformers {expected:,}, published {LONG_T5[name]:,.0f})')
+  assert count == expected
+  assert abs(count / LONG_T5[name] - 1) < 0.06
 
 
 @pytest.mark.parametrize('name', sorted(MULTILINGUAL))

@@ -25,16 +25,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TINY = os.path.join(ROOT, 'configs', 't5_tiny.py')
 # (inputs_length, targets_length) of each objective's test batches
 LENGTHS = {'span_corruption': (32, 8), 'mlm': (32, 0), 'mlm_nsp': (32, 0), 'causal_lm': (0, 32),
-           'prefix_lm': (16, 16), 'bart': (32, 32), 'electra': (32, 0), 'seq2seq_lm': (32, 32)}
+           'prefix_lm': (16, 16), 'bart': (32, 32), 'electra': (32, 0), 'seq2seq_lm': (32, 32),
+           'principal_sentences': (64, 16)}
 # SHA-256 of the first 3 batches of 4 rows (names and bytes of every feature, sorted), made by
 # the pipeline before the objectives moved into t5lite/objectives (commit 47ae0b5), and made
 # again when the bundled vocabulary was regenerated with UL2's mode tokens (2026-12-04: every
 # id moved). A change of TensorFlow's stateless random ops would change them too.
+# seq2seq_lm's (UL2's S-denoiser) and principal_sentences' are from the commits that added them.
 BATCHES = {'span_corruption': 'ecaa95605a23034c49ec1106', 'mlm': '4e0ad726ae330ab92073cb16',
            'mlm_nsp': 'b240efa98ead7ec0195d753c', 'causal_lm': '7dc2c60c5906f8d64410cedb',
            'prefix_lm': '5de26e3697f5ab1ba44c1b58', 'bart': '1806205cf020528a4e968817',
            'electra': '4e0ad726ae330ab92073cb16',  # ELECTRA reads MLM's batches
-           'seq2seq_lm': '8438e96979f74ff1cca2bcef'}
+           'seq2seq_lm': '8438e96979f74ff1cca2bcef', 'principal_sentences': '1927c8f9c8e2557ca83d5d1f'}
 
 
 def data_config(objective: str, batch_size: int = 4):

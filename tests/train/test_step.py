@@ -246,3 +246,18 @@ def test_a_step_without_a_mixture_has_no_component_metrics():
         run.schedule), run.spec.abstract, batch, None)
   assert sorted(metrics) == ['accuracy', 'grad_norm', 'learning_rate', 'loss', 'target_tokens',
                              'z_loss']
+
+
+@pytest.mark.slow  # two runs of 5 steps (and the module's dense one): 292 s at a load of 15
+def test_long_t5_encoders_give_the_same_losses_on_a_2x2x2_mesh(one_device_losses):
+  """A transient-global encoder (radius 7, 8 global tokens over the 32 inputs), its blocks and
+  global tokens sharded over data, fsdp and tensor, trains as on one device."""
+  def long_config(data=1, fsdp=1, tensor=1):
+    config = small_config(data, fsdp, tensor)
+    config.model.update(encoder_attention='transient_global', local_radius=7,
+                        global_block_size=4)
+    return config
+
+  one_device = train_losses(long_config())
+  np.testing.assert_allclose(train_losses(long_config(2, 2, 2)), one_device, rtol=1e-5)
+  assert one_device != one_device_losses  # not the dense encoder's
