@@ -138,7 +138,7 @@ def pretraining_row(architecture: str, vocab, a: list[int], b: list[int]
   the token types: T5's and BART's inputs end in EOS, GPT-2's rows start with the start token 0
   and never end, MLM rows are text alone, BERT's pairs are [CLS] A [SEP] B [SEP] (<extra_id_1>,
   <extra_id_2>), B's of type 1."""
-  if architecture.startswith(('T5', 'MT5', 'UMT5', 'Switch', 'Bart')):
+  if architecture.startswith(('T5', 'MT5', 'UMT5', 'LongT5', 'Switch', 'Bart')):
     ids = a + [EOS_ID] + (b + [EOS_ID] if b else [])
   elif architecture == 'GPT2LMHeadModel':
     ids = [PAD_ID] + a + b
@@ -164,7 +164,7 @@ def test_every_family_folder_adds_what_its_model_read(trained_model, texts, tmp_
   # transformers 5.23 reads a umt5 folder's tokenizer.json with its generic class, whatever
   # tokenizer_class says
   assert type(tok).__name__ == ('T5Tokenizer' if hf.model_type in (
-      't5', 'mt5', 'switch_transformers', 'bart') else 'TokenizersBackend')
+      't5', 'mt5', 'longt5', 'switch_transformers', 'bart') else 'TokenizersBackend')
   for text in texts:
     ids = vocab.encode(text)
     assert tok(text, add_special_tokens=False).input_ids == ids, text

@@ -290,13 +290,20 @@ def test_the_kernels_lower_for_tpus_and_a_window_reads_only_its_tiles():
   assert lowered.as_text().count('tpu_custom_call') == 3
 
 
+def interpret(backend: str, monkeypatch) -> None:
+  """Runs the models' kernels as `backend`'s in interpret mode; the backend is read when tracing,
+  so no step compiled for another backend may be reused."""
+  monkeypatch.setattr(flash_lib, 'INTERPRETED', backend)
+  jax.clear_caches()
+
+
 @pytest.mark.slow  # 10-28 s each on 2 cores, Mosaic's alike: interpret mode compiles slowly
 @pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder', 'umt5'])
 def test_models_with_flash_attention_match_xla_on_packed_rows(arch, backend, monkeypatch):
   """Loss and every parameter's gradient, the relative bias tables included, packed and not,
   scanned with remat for the decoder; UMT5's table in every layer, scanned."""
-  monkeypatch.setattr(flash_lib, 'INTERPRETED', backend)
+  interpret(backend, monkeypatch)
   options = {'encoder_decoder': {}, 'decoder': dict(scan_layers=True, remat_policy='save_dots'),
              'umt5': dict(scan_layers=True, relative_bias_per_layer=True)}[arch]
   cfg = tiny(arch='decoder' if arch == 'decoder' else 'encoder_decoder', **options)
@@ -312,7 +319,7 @@ def test_models_with_flash_attention_match_xla_on_packed_rows(arch, backend, mon
 def test_flash_under_a_mesh_shards_batch_and_heads(backend, monkeypatch):
   """On 8 devices (data 4, tensor 2) the kernel runs per shard (shard_map) and gives the
   unsharded gradients: the table's is summed over the batch shards."""
-  monkeypatch.setattr(flash_lib, 'INTERPRETED', backend)
+  interpret(backend, monkeypatch)
   cfg = tiny()
   packed, _ = pack(np.random.RandomState(1), ((7, 3), (5, 4)))
   batch = {k: jnp.concatenate([v] * 4) for k, v in packed.items()}  # 8 rows
