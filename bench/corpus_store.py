@@ -87,21 +87,24 @@ def t5lite(*args) -> list[str]:
   return [sys.executable, '-m', 't5lite', *args]
 
 
-def prepare(source: str, out: str, tree: str = ROOT) -> tuple[int, float, float]:
+def prepare(source: str, out: str, tree: str = ROOT, vocabulary: str = 'bundled'
+            ) -> tuple[int, float, float]:
   """(tokens, wall seconds of `t5lite prepare` on every core, seconds of its work after the
   imports): the command, of the t5lite in `tree`, runs in a child that times the call."""
   done, wall, _ = child([sys.executable, __file__, '--child=prepare', f'--source={source}',
-                         f'--out={out}'], dict(os.environ, PYTHONPATH=tree))
+                         f'--out={out}', f'--vocabulary={vocabulary}'],
+                        dict(os.environ, PYTHONPATH=tree))
   with open(os.path.join(out, 'part-00000-of-00001.json'), encoding='utf-8') as f:
     return sum(json.load(f)['tokens'].values()), wall, json.loads(done.stdout)['seconds']
 
 
-def prepare_child(source: str, out: str) -> None:
+def prepare_child(source: str, out: str, vocabulary: str) -> None:
   from t5lite import cli  # pylint: disable=import-outside-toplevel
   importlib.import_module('t5lite.commands.prepare')  # and TensorFlow, before the clock starts
   start = time.perf_counter()
   with contextlib.redirect_stdout(sys.stderr):
-    status = cli.main(['prepare', f'--source={source}', f'--out={out}'])
+    status = cli.main(['prepare', f'--source={source}', f'--out={out}',
+                       f'--vocabulary={vocabulary}'])
   print(json.dumps({'seconds': time.perf_counter() - start}))
   sys.exit(status)
 
@@ -197,6 +200,7 @@ def main() -> None:
                      help=argparse.SUPPRESS)
   flags.add_argument('--source', help=argparse.SUPPRESS)
   flags.add_argument('--out', help=argparse.SUPPRESS)
+  flags.add_argument('--vocabulary', default='bundled', help=argparse.SUPPRESS)
   flags.add_argument('--batches', type=int, help=argparse.SUPPRESS)
   args, names = flags.parse_known_args()
   if args.child == 'encode':
@@ -204,7 +208,7 @@ def main() -> None:
   if args.child == 'reads':
     return reads_child(args.source, args.batches)
   if args.child == 'prepare':
-    return prepare_child(args.source, args.out)
+    return prepare_child(args.source, args.out, args.vocabulary)
   if args.child == 'windows':
     return windows_child(args.source)
 

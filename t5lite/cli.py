@@ -157,11 +157,23 @@ def plan_command(args, overrides):
 
 @command('tokenizer', 'train a SentencePiece vocabulary (T5 ids, 100 sentinels appended)')
 def tokenizer_command(args, overrides):
-  from t5lite.data import vocabulary
+  from t5lite.data import spm_training
   if overrides:
     raise ValueError(f'tokenizer takes no --config overrides, got {overrides[0]}')
-  path = vocabulary.train_tokenizer(args.input, args.vocab_size, args.out,
-                                     overwrite=args.overwrite)
+  sentencepiece_only = {'vocab_size': args.vocab_size, 'alpha': args.alpha,
+                        'character_coverage': args.character_coverage}
+  if args.model_type == 'bytes':
+    given = [f'--{name}' for name, value in sentencepiece_only.items() if value is not None]
+    raise ValueError(
+        f'--model_type=bytes is ByT5\'s byte vocabulary, which is not trained and has no file: '
+        + (f'{", ".join(given)} set a SentencePiece model; ' if given else '')
+        + 'give --config.data.vocabulary=bytes (t5lite prepare --vocabulary=bytes)')
+  defaults = {'vocab_size': 8000, 'alpha': 1.0,
+              'character_coverage': spm_training.ENGLISH_COVERAGE}
+  settings = {name: defaults[name] if value is None else value
+              for name, value in sentencepiece_only.items()}
+  path = spm_training.train_tokenizer(args.input, out_dir=args.out, overwrite=args.overwrite,
+                                      **settings)
   print(f'wrote {path}')
 
 
@@ -333,10 +345,21 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
 
 
 def _tokenizer_flags(tokenizer: argparse.ArgumentParser) -> None:
-  tokenizer.add_argument('--input', required=True, nargs='+', help='text files')
-  tokenizer.add_argument('--vocab_size', type=int, default=8000,
-                         help='SentencePiece pieces, before the 100 sentinels; at most '
-                         f'{AT_MOST["vocab_size"]:,}')
+  tokenizer.add_argument('--input', required=True, nargs='+', action='extend',
+                         help='text files; several are a mixture of corpora (languages) for '
+                         '--alpha')
+  tokenizer.add_argument('--vocab_size', type=int,
+                         help='SentencePiece pieces, before the 100 sentinels (default 8000); at '
+                         f'most {AT_MOST["vocab_size"]:,}')
+  tokenizer.add_argument('--alpha', type=float,
+                         help='each --input sampled in proportion to its sentences ** alpha, in '
+                         '(0, 1] (default 1: every sentence once; mT5: 0.3)')
+  tokenizer.add_argument('--character_coverage', type=float,
+                         help='the characters SentencePiece covers (default 0.9999, English; '
+                         'many languages: 0.99999, mT5\'s)')
+  tokenizer.add_argument('--model_type', choices=('unigram', 'bytes'), default='unigram',
+                         help="unigram: T5's SentencePiece model; bytes: ByT5's byte "
+                         'vocabulary, which needs no training (data.vocabulary=bytes)')
   tokenizer.add_argument('--out', required=True, help='folder to write vocab.model in')
 
 
@@ -346,7 +369,8 @@ def _prepare_flags(prepare: argparse.ArgumentParser) -> None:
                        "files or globs (comma-separated, local or gs://), or 'tfds:NAME'")
   prepare.add_argument('--out', required=True, help='the store: a new folder, local or gs://')
   prepare.add_argument('--vocabulary', default='bundled',
-                       help="'bundled' or a SentencePiece .model (sentinels are appended)")
+                       help="'bundled', 'bytes' (ByT5's UTF-8 bytes) or a SentencePiece .model "
+                       '(sentinels are appended)')
   prepare.add_argument('--text_key', default='text', help='JSONL key, parquet column or TFDS '
                        'feature holding the text')
   prepare.add_argument('--validation_fraction', type=float, default=0.05,

@@ -29,6 +29,15 @@ T5_1_0 = dict(activation='relu', tie_embeddings=True, norm='rms', norm_position=
               position='t5_relative', use_bias=False, dropout=0.1)
 # T5 v1.1: gated-GELU FFN, untied lm head, no dropout in pretraining.
 T5_1_1 = dict(T5_1_0, activation='gated-gelu', tie_embeddings=False, dropout=0.0)
+# ByT5 (Xue et al. 2022): T5 v1.1 over UTF-8 bytes (384 ids, no model file), span corruption of
+# 20-byte spans on average at 1,024 inputs; its encoder three times as deep as its decoder.
+BYT5_DATA = dict(vocabulary='bytes', inputs_length=1024, targets_length=189,
+                 mean_noise_span_length=20.0)
+# mT5 (Xue et al. 2021) and UMT5 (Chung et al. 2023): T5 v1.1 at 1,024 inputs over a
+# multilingual SentencePiece vocabulary the user brings (mT5's: 250,000 pieces + 100 sentinels,
+# padded; UMT5's: 256,000 + 300)
+MT5_DATA = dict(inputs_length=1024, targets_length=229)
+MT5_VOCAB_SIZE, UMT5_VOCAB_SIZE = 250_112, 256_384
 # BERT (Devlin et al. 2019), also RoBERTa's and BART's layers: post-LN, GELU, learned positions,
 # LayerNorm over the embeddings, biases, tied output embedding.
 BERT = dict(activation='gelu', norm='layer', norm_position='post', norm_eps=1e-12,
@@ -44,6 +53,27 @@ def base_config() -> ml_collections.ConfigDict:
       **_optim_mesh_checkpoint_defaults()))
 
 
+def byt5(**shape: int) -> ml_collections.ConfigDict:
+  """ByT5 of `shape` (d_model, d_ff, num_heads, the layers): T5 v1.1 over 384 byte ids with
+  ByT5's data (BYT5_DATA)."""
+  config = base_config()
+  config.model.update(T5_1_1, vocab_size=384, d_kv=64, **shape)
+  config.data.update(BYT5_DATA)
+  return config
+
+
+def multilingual(t5_1_1_preset: str, per_layer_bias: bool = False) -> ml_collections.ConfigDict:
+  """mT5 at the shape of a T5 v1.1 preset ('t5_1_1_base'), its sizes being T5 v1.1's: mT5's
+  vocabulary and lengths, exported as MT5; with `per_layer_bias`, UMT5: a bias table in every
+  layer, UMT5's vocabulary."""
+  config = load(t5_1_1_preset)
+  config.model.update(vocab_size=UMT5_VOCAB_SIZE if per_layer_bias else MT5_VOCAB_SIZE,
+                      relative_bias_per_layer=per_layer_bias,
+                      hf_model_type='' if per_layer_bias else 'mt5')
+  config.data.update(MT5_DATA)
+  return config
+
+
 def _data_defaults() -> ml_collections.ConfigDict:
   """What is read and how it is turned into batches."""
   data = ml_collections.ConfigDict()
@@ -52,7 +82,9 @@ def _data_defaults() -> ml_collections.ConfigDict:
   data.source = 'bundled'
   data.tfds_data_dir = ''  # where the TFDS dataset was prepared; nothing is ever downloaded
   data.text_key = 'text'  # JSONL / TFDS feature holding the text
-  data.vocabulary = 'bundled'  # bundled | path to a SentencePiece .model (sentinels are appended)
+  # bundled | bytes (ByT5's UTF-8 bytes, no model file) | path to a SentencePiece .model
+  # (sentinels are appended)
+  data.vocabulary = 'bundled'
   # span_corruption | mlm | mlm_nsp | causal_lm | prefix_lm | bart | electra | seq2seq_lm
   # (t5lite/objectives)
   data.objective = 'span_corruption'
@@ -72,6 +104,11 @@ def _data_defaults() -> ml_collections.ConfigDict:
   # left out are data's}, e.g. --config.data.mixture.web.source=stores/web
   # --config.data.mixture.web.weight=3; empty: `source` alone (t5lite/inputs/mixture.py).
   data.mixture = ml_collections.ConfigDict()
+  # How the components' rates are made (t5lite/inputs/mixture.py): weights (their weights) | size
+  # (weight, 1 if left out, x the train tokens of the component's token store ** mixture_alpha:
+  # mT5's language sampling)
+  data.mixture_rule = 'weights'
+  data.mixture_alpha = 0.3  # in (0, 1]: 1 in proportion to size, toward 0 alike (mT5: 0.3)
   data.threads = 0  # tf.data threads per process; 0: half of the host's cores (JAX keeps the rest)
   # Fine-tuning's (`t5lite finetune` sets them): 'sentiment' or a .tsv/.jsonl file of input and
   # target texts, and its columns / JSON keys; '' pretrains on `source`.
@@ -224,7 +261,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_mesh_sizes([config.mesh[name] for name in group],
                      ' '.join(f'mesh.{name}={config.mesh[name]}' for name in group))
   objectives.check_settings(data, 'config.data')
-  mixture.check_components(data.mixture)
+  mixture.check_rule(data)
   if train.eval_every and data.validation_fraction == 0 and not data.task:
     raise ValueError('config.train.eval_every needs held-out data, but '
                      'config.data.validation_fraction=0; set it above 0 or eval_every=0')

@@ -31,9 +31,10 @@ def export_workdir(config: ml_collections.ConfigDict, workdir: str, out_dir: str
   model_cfg = config_lib.model_config(config)
   # a model export cannot write fails here, before the restore
   hf_models = hf.hf_models(model_cfg)
-  outputs.check_folder(out_dir, [os.path.join(model.folder, name) for model in hf_models
-                                 for name in (hf.CONFIG_FILE, hf.WEIGHTS_FILE, *tokenizer.FILES)],
-                       workdir=workdir, overwrite=overwrite)
+  written = [os.path.join(model.folder, name) for model in hf_models
+             for name in (hf.CONFIG_FILE, hf.WEIGHTS_FILE,
+                          *tokenizer.files_written(config.data.vocabulary, model.text))]
+  outputs.check_folder(out_dir, written, workdir=workdir, overwrite=overwrite)
   step, params = run_lib.make_run(config).restore_params(workdir, step)
   with outputs.writing(out_dir, folder=True) as temp:
     hf.export_hf(jax.device_get(params), model_cfg, temp)
@@ -49,8 +50,9 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   """Writes step 0 of a run whose parameters are the Hugging Face model's; `train` continues it,
   pretraining as that kind of model does (`HfModel.data`: GPT-2 a causal LM, BERT MLM, ...).
   The folder's vocabulary (spiece.model, or a T5 tokenizer.json) becomes `<workdir>/spiece.model`
-  and the run's data.vocabulary, unless an override names another; a folder without one leaves
-  the bundled vocabulary, with a warning. The workdir must be new or empty: an import never mixes
+  and the run's data.vocabulary, unless an override names another; a ByT5 folder's is 'bytes',
+  which needs no file, with ByT5's span corruption (config.BYT5_DATA); a folder without one
+  leaves the bundled vocabulary, with a warning. The workdir must be new or empty: an import never mixes
   with a run that is there."""
   folder = paths.path(workdir)
   if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -62,11 +64,13 @@ def import_hf_workdir(hf_dir: str, workdir: str, overrides: list[str]) -> ml_col
   config.data.update(hf.hf_model(model_cfg).data(model_cfg))
   imported_vocabulary = str(folder / tokenizer.SPIECE_FILE if paths.is_uri(workdir) else
                             os.path.abspath(folder / tokenizer.SPIECE_FILE))
-  if proto is not None:
+  if proto == vocabulary.BYTES:  # a ByT5 folder: it pretrains as ByT5 did
+    config.data.update(config_lib.BYT5_DATA)
+  elif proto is not None:
     config.data.vocabulary = imported_vocabulary
   config_lib.override(config, overrides)
   copy_vocabulary = proto is not None and config.data.vocabulary == imported_vocabulary
-  vocab = (vocabulary.Vocabulary(proto, hf_dir) if copy_vocabulary
+  vocab = (vocabulary.SentencePieceVocabulary(proto, hf_dir) if copy_vocabulary
            else vocabulary.load_vocabulary(config.data.vocabulary))
   if copy_vocabulary:  # checked from memory: the file is written with the checkpoint
     run_lib.check_vocabulary(vocab, config_lib.model_config(config), f'the vocabulary of {hf_dir}')

@@ -5,7 +5,7 @@
 
 It streams: whatever the corpus, memory holds a few batches of documents and their tokens. A
 thread reads and hashes documents while SentencePiece encodes the previous ones on `workers`
-threads. Part i of N takes the source's inputs (files, or a TFDS dataset's file shards) [i*n/N,
+threads (`--vocabulary=bytes` stores the UTF-8 bytes themselves: no model, one byte a token). Part i of N takes the source's inputs (files, or a TFDS dataset's file shards) [i*n/N,
 (i+1)*n/N) in order, so the parts in order hold the corpus in order and need no merge pass: run
 them on N machines at once (a SLURM array, the workers of a TPU VM slice) or one after another.
 
@@ -56,7 +56,7 @@ def prepare(source: str, out: str, *, vocabulary: str = 'bundled', text_key: str
   part = store.part_name(shard_index, num_shards)
   manifest = {
       'format': store.FORMAT, 'part': part,
-      'dtype': store.token_dtype(vocab.vocab_size).str,
+      'dtype': vocab.store_dtype.str,
       'vocabulary': vocab.identity(vocabulary),
       'source': source, 'text_key': text_key, 'validation_fraction': validation_fraction,
       'inputs': [item.name for item in mine],

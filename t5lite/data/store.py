@@ -6,8 +6,10 @@ A store is a folder, local or gs://, of parts: `prepare --shard_index=i --num_sh
 part i of N (one machine each, or one after another), and the parts in order are the store:
 
   part-00000-of-00002.train         the train split's token ids, little-endian uint16 (uint32
-  part-00000-of-00002.validation    for vocabularies past 65,536), documents concatenated without
-                                    EOS between them (T5's reduce_concat_tokens)
+  part-00000-of-00002.validation    for vocabularies past 65,536; of the byte vocabulary, the
+                                    UTF-8 bytes themselves, uint8, id = byte + 3), documents
+                                    concatenated without EOS between them (T5's
+                                    reduce_concat_tokens)
   part-00000-of-00002.train.crc32c  the CRC32C of each BLOCK_BYTES block of the split's file,
   ....validation.crc32c             little-endian uint32 (the last block's over what it holds)
   part-00000-of-00002.json          the part's manifest, written last: a reader never sees a
@@ -30,7 +32,6 @@ import bisect
 import collections
 import concurrent.futures
 import functools
-import itertools
 import os
 import queue
 import re
@@ -50,7 +51,7 @@ from t5lite.data import vocabulary as vocabulary_lib
 FORMAT = 't5lite token store 2'
 FORMAT_1 = 't5lite token store 1'  # of 2026-11-26 and 27: no checksums
 SPLITS = ('train', 'validation')
-DTYPES = ('<u2', '<u4')
+DTYPES = ('|u1', '<u2', '<u4')
 PART = r'part-(\d{5})-of-(\d{5})'  # part_name's pattern: part i of N
 MANIFEST = re.compile(PART + r'\.json')
 # what a store's folder holds: parts' files, and the locks and temporaries of parts being written
@@ -67,8 +68,16 @@ def part_name(index: int, count: int) -> str:
   return f'part-{index:05d}-of-{count:05d}'
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-  return np.dtype('<u2' if vocab_size <= 1 << 16 else '<u4')
+def token_dtype(identity: dict) -> np.dtype:
+  """The dtype a store of the vocabulary of `identity` (vocabulary.IDENTITY) holds its ids in."""
+  if identity['sha256'] == vocabulary_lib.BYTE_VOCABULARY.digest:
+    return vocabulary_lib.BYTE_VOCABULARY.store_dtype
+  return np.dtype('<u2' if identity['size'] <= 1 << 16 else '<u4')
+
+
+def id_offset(dtype: np.dtype) -> int:
+  """What is added to a store's values of `dtype` to make ids: the byte vocabulary's 3."""
+  return vocabulary_lib.BYTE_OFFSET if dtype.itemsize == 1 else 0
 
 
 def is_store(source: str) -> bool:
@@ -90,15 +99,14 @@ def tokenize(inputs: Sequence[sources.Input], vocab: vocabulary_lib.Vocabulary,
              validation_fraction: float, skipped: collections.Counter, *,
              workers: int = 0) -> Iterator[Tokenized]:
   """The tokens of `inputs`' documents in order, ENCODE_CHARACTERS at a time, split by the stable
-  hash (or the input's published split). A thread reads and hashes the next documents while
-  SentencePiece encodes these on `workers` threads (0: every core)."""
-  dtype = token_dtype(vocab.vocab_size)
+  hash (or the input's published split), as a store holds them (`Vocabulary.stored`). A thread
+  reads and hashes the next documents while SentencePiece encodes these on `workers` threads
+  (0: every core); the byte vocabulary's are the texts' UTF-8 bytes."""
   for texts, held_out, progress in _read_ahead(_document_batches(inputs, validation_fraction,
                                                                  skipped)):
-    encoded = vocab.encode_ids(texts, num_threads=workers)
-    per_split = [[ids for ids, h in zip(encoded, held_out) if h == want] for want in (False, True)]
-    yield Tokenized(*(np.fromiter(itertools.chain.from_iterable(split), dtype,
-                                  count=sum(map(len, split))) for split in per_split),
+    per_split = [[text for text, h in zip(texts, held_out) if h == want]
+                 for want in (False, True)]
+    yield Tokenized(*(vocab.stored(split, num_threads=workers) for split in per_split),
                     documents=(len(per_split[0]), len(per_split[1])), inputs_done=progress)
 
 
@@ -181,12 +189,12 @@ class BlockChecksums:
 
 
 class Tokens:
-  """A split's tokens: pieces (numpy arrays, token files) read as one sequence. `skipped`: what
-  tokenizing them here skipped, one line ('' if nothing), for the run to say once it goes on, or
-  to fold into the line that refuses them."""
+  """A split's tokens: pieces (numpy arrays, token files) read as one sequence, each value plus
+  `offset` (a byte store's 3). `skipped`: what tokenizing them here skipped, one line ('' if
+  nothing), for the run to say once it goes on, or to fold into the line that refuses them."""
 
-  def __init__(self, pieces: Sequence, remote: bool = False, skipped: str = ''):
-    self.skipped = skipped
+  def __init__(self, pieces: Sequence, remote: bool = False, skipped: str = '', offset: int = 0):
+    self.skipped, self.offset = skipped, offset
     self._pieces = [p for p in pieces if len(p)]
     self._starts = list(np.cumsum([0] + [len(p) for p in self._pieces]))
     self.size = int(self._starts[-1])
@@ -204,14 +212,15 @@ class Tokens:
       stop = min(end, self._starts[piece + 1])
       out.append(self._pieces[piece][begin - start:stop - start])
       begin, piece = stop, piece + 1
-    return np.concatenate(out).astype(np.int32) if len(out) > 1 else out[0].astype(np.int32)
+    window = np.concatenate(out) if len(out) > 1 else out[0]
+    return window.astype(np.int32) + self.offset
 
   def windows(self, begins: np.ndarray, length: int) -> np.ndarray:
     """int32[len(begins), length]: the window at each of `begins` (each within the tokens)."""
     if self._remote:
       return np.stack(list(_remote_pool().map(lambda b: self.window(int(b), length), begins)))
     if len(self._pieces) == 1 and isinstance(self._pieces[0], np.ndarray):  # one gather
-      return self._pieces[0][begins[:, None] + np.arange(length)].astype(np.int32)
+      return self._pieces[0][begins[:, None] + np.arange(length)].astype(np.int32) + self.offset
     return np.stack([self.window(int(b), length) for b in begins])
 
 
@@ -299,7 +308,8 @@ class Store:
       raise ValueError(f'split must be one of {sources.SPLITS}, got {split!r}')
     wanted = SPLITS if split == 'all' else (split,)
     return Tokens([self._file(index, name) for name in wanted
-                   for index in range(len(self.manifests))], paths.is_uri(self.path))
+                   for index in range(len(self.manifests))], paths.is_uri(self.path),
+                  offset=id_offset(self.dtype))
 
   @functools.lru_cache(maxsize=None)
   def _file(self, index: int, split: str) -> _TokenFile:
@@ -321,7 +331,7 @@ class Store:
       for split in SPLITS:
         file, size = self._file(index, split), manifest['tokens'][split]
         for begin in range(0, size, step):
-          tokens = file[begin:min(begin + step, size)]
+          tokens = file[begin:min(begin + step, size)].astype(np.int64) + id_offset(self.dtype)
           past = np.flatnonzero(tokens >= self.vocabulary['size'])
           if past.size:
             raise ValueError(f'{self.path}/{manifest["part"]}.{split}: token {begin + past[0]:,} '
@@ -456,7 +466,7 @@ def _read_manifest(file, index: int, count: int, path: str, flag: str) -> dict:
                      f'{FORMAT!r}: prepare the store again')
   try:
     files.check_schema(manifest, _manifest_schema(part_name(index, count)), where)
-    wanted = token_dtype(manifest['vocabulary']['size']).str
+    wanted = token_dtype(manifest['vocabulary']).str
     if manifest['dtype'] != wanted:
       raise ValueError(f'{where}: dtype is {manifest["dtype"]!r}, not {wanted!r} as a '
                        f'vocabulary of {manifest["vocabulary"]["size"]:,} ids needs')
@@ -511,7 +521,8 @@ def split_tokens(data, split: str) -> Tokens:
     train, validation, skipped = _in_memory(data.source, data.text_key, data.vocabulary,
                                             data.validation_fraction, data.tfds_data_dir)
     pieces = {'train': [train], 'validation': [validation], 'all': [train, validation]}[split]
-    tokens = Tokens(pieces, skipped=skipped)
+    offset = vocabulary_lib.load_vocabulary(data.vocabulary).store_offset
+    tokens = Tokens(pieces, skipped=skipped, offset=offset)
     advice = f'change data.validation_fraction={data.validation_fraction}'
   if not tokens.size:
     raise ValueError(f'the {split} split of {data.source!r} is empty; {advice}'

@@ -37,8 +37,14 @@ INDEX_FILE = 'model.safetensors.index.json'  # sharded checkpoints
 
 
 def hf_model(cfg: ModelConfig) -> HfModel:
-  """cfg's Hugging Face model, once cfg is checked to be that model exactly."""
-  fitting = [hf for hf in family(cfg.arch).hf if not hf.folder and hf.fits(cfg)]
+  """cfg's Hugging Face model (of model_type cfg.hf_model_type, if set), once cfg is checked to
+  be that model exactly."""
+  fitting = [hf for hf in family(cfg.arch).hf if not hf.folder and hf.fits(cfg)
+             and cfg.hf_model_type in ('', hf.model_type)]
+  if not fitting and cfg.hf_model_type:
+    raise ValueError(f'model.hf_model_type={cfg.hf_model_type!r} does not fit this model '
+                     f'(arch={cfg.arch}, relative_bias_per_layer={cfg.relative_bias_per_layer}, '
+                     f'position={cfg.position})')
   if not fitting:
     models = [hf for f in registry.FAMILIES.values() for hf in f.hf]
     raise ValueError(f'export supports {_listed(models, "and")} models; got arch={cfg.arch}')

@@ -15,9 +15,16 @@ models/hf_mapping.py: T5's and BART's EOS after the text, GPT-2's start token be
   not glue punctuation where SentencePiece would not;
 - special_tokens_map.json: the special tokens and the sentinels, as HF's own T5 folders have them.
 
+The byte vocabulary (`data.vocabulary='bytes'`) is transformers' ByT5Tokenizer, which has no
+vocabulary file: its tokenizer_config.json alone (BYTE_FILES) names the class and its 125 extra
+ids, and AutoTokenizer builds it. ByT5Tokenizer ends a text in EOS, as T5 reads it; a model
+whose text has another template (GPT-2's start token, BERT's [CLS]) is refused.
+
 Import reads a folder's spiece.model or, failing that, rebuilds the SentencePiece model from a
 unigram tokenizer.json (what HF saves), which encodes the same: same pieces, scores, types and
-normalization, though not the same bytes (the training options are lost).
+normalization, though not the same bytes (the training options are lost). A folder whose
+tokenizer_class (in tokenizer_config.json or config.json, as Google's ByT5 folders have it) is
+ByT5Tokenizer imports as the byte vocabulary.
 """
 
 import base64
@@ -30,7 +37,7 @@ from t5lite import files
 from t5lite import paths
 from t5lite.data import vocabulary
 from t5lite.data.vocabulary import NUM_SENTINELS
-from t5lite.models.hf_mapping import TextTemplate
+from t5lite.models.hf_mapping import T5_TEXT, TextTemplate
 from t5lite.token_ids import UNK_ID
 
 SPIECE_FILE = 'spiece.model'
@@ -38,6 +45,8 @@ TOKENIZER_JSON_FILE = 'tokenizer.json'
 CONFIG_FILE = 'tokenizer_config.json'
 SPECIAL_TOKENS_FILE = 'special_tokens_map.json'
 FILES = (SPIECE_FILE, TOKENIZER_JSON_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)  # export writes
+BYTE_FILES = (CONFIG_FILE,)  # export writes for the byte vocabulary
+BYTE_TOKENIZER = 'ByT5Tokenizer'
 
 SPECIAL_TOKENS = {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
 SENTINELS = tuple(f'<extra_id_{n}>' for n in range(NUM_SENTINELS))
@@ -47,10 +56,24 @@ METASPACE = {'type': 'Metaspace', 'replacement': '\u2581', 'prepend_scheme': 'al
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
+def files_written(vocabulary_spec: str, text: TextTemplate) -> tuple[str, ...]:
+  """The files `export_tokenizer` writes for `vocabulary_spec`; refuses in one line a byte
+  vocabulary of a model ByT5Tokenizer does not read text for."""
+  if vocabulary_spec != vocabulary.BYTES:
+    return FILES
+  if (text.single, text.pair) != (T5_TEXT.single, T5_TEXT.pair) or text.special_tokens:
+    raise ValueError(f"data.vocabulary='bytes' exports as ByT5Tokenizer, which reads a text as "
+                     f"T5 does ('{T5_TEXT.single}'), not as this model ('{text.single}')")
+  return BYTE_FILES
+
+
 def export_tokenizer(vocabulary_spec: str, out_dir: str, text: TextTemplate, *,
                      model_max_length: int | None = None) -> None:
-  """Writes FILES for `vocabulary_spec` (`data.vocabulary`) into the existing folder `out_dir`,
-  adding by default what `text` says the model read around a text."""
+  """Writes `files_written` for `vocabulary_spec` (`data.vocabulary`) into the existing folder
+  `out_dir`, adding by default what `text` says the model read around a text."""
+  if files_written(vocabulary_spec, text) == BYTE_FILES:
+    _export_byte_tokenizer(out_dir, model_max_length)
+    return
   vocab = vocabulary.load_vocabulary(vocabulary_spec)
   special_tokens = {**SPECIAL_TOKENS, **text.special_tokens}
   inputs = ['input_ids', 'token_type_ids', 'attention_mask'] if ':1' in text.pair else [
@@ -65,6 +88,16 @@ def export_tokenizer(vocabulary_spec: str, out_dir: str, text: TextTemplate, *,
   (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
   special_tokens['additional_special_tokens'] = SENTINELS
   (out / SPECIAL_TOKENS_FILE).write_text(json.dumps(special_tokens, indent=2) + '\n')
+
+
+def _export_byte_tokenizer(out_dir: str, model_max_length: int | None) -> None:
+  """ByT5Tokenizer's tokenizer_config.json, all it reads: the class, its special tokens and its
+  125 extra ids, which it numbers 259 ... 383 as the byte vocabulary does."""
+  config = {'tokenizer_class': BYTE_TOKENIZER, 'extra_ids': vocabulary.NUM_BYTE_SENTINELS,
+            **SPECIAL_TOKENS}
+  if model_max_length is not None:
+    config['model_max_length'] = model_max_length
+  (paths.path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
 
 
 def _tokenizer_json(vocab: vocabulary.Vocabulary, text: TextTemplate) -> dict:
@@ -108,10 +141,13 @@ def _template_processing(text: TextTemplate, ids: dict[str, int]) -> dict:
                              for name in sorted(special)}}
 
 
-def import_tokenizer(hf_dir: str) -> bytes | None:
-  """The SentencePiece model proto of an HF folder (local or gs://), None if it has no
-  spiece.model and no tokenizer.json; ValueError if what it has is not a T5 vocabulary."""
+def import_tokenizer(hf_dir: str) -> bytes | str | None:
+  """The SentencePiece model proto of an HF folder (local or gs://), 'bytes' for a ByT5
+  folder, None if it has no spiece.model and no tokenizer.json; ValueError if what it has is not
+  a T5 vocabulary."""
   root = paths.path(hf_dir)
+  if _tokenizer_class(root) == BYTE_TOKENIZER:
+    return vocabulary.BYTES
   file = root / SPIECE_FILE
   if file.exists():
     proto = files.read_bytes(file)
@@ -120,8 +156,18 @@ def import_tokenizer(hf_dir: str) -> bytes | None:
     proto = _proto_from_tokenizer_json(file)
   else:
     return None
-  vocabulary.Vocabulary(proto, str(file))  # checks that it is a whole model with T5's ids
+  vocabulary.SentencePieceVocabulary(proto, str(file))  # a whole model with T5's ids
   return proto
+
+
+def _tokenizer_class(root) -> str | None:
+  """The tokenizer_class a folder's tokenizer_config.json names, else its config.json's."""
+  for name in (CONFIG_FILE, 'config.json'):
+    if (root / name).exists():
+      named = files.read_json(root / name).get('tokenizer_class')
+      if named:
+        return named
+  return None
 
 
 def _proto_from_tokenizer_json(file) -> bytes:

@@ -258,6 +258,8 @@ def show_examples(config: ml_collections.ConfigDict, k: int,
     from t5lite.data import store  # pylint: disable=import-outside-toplevel  # TensorFlow's
     if store.is_store(data.source):
       summary.append(store.open_store(data.source).summary())
+    if data.get('mixture'):
+      summary.append(mixture.describe(data))
   return '\n'.join(summary + [
       f'example {n} ({len(inputs)} input tokens, {len(targets)} target tokens)\n'
       f'  inputs:  {vocab.decode(inputs)}\n  targets: {vocab.decode(targets)}'

@@ -19,6 +19,13 @@ the same on any process count.
 Each component is indexed as a single source is (t5lite/inputs/pipeline.py): its example j is chunk
 index_shuffle(j mod N_c) of its epoch j // N_c, keyed by (seed, component name).
 
+The weights are the components' own (`data.mixture_rule='weights'`), or their sizes to a power
+(`'size'`: mT5's language sampling, component i with probability proportional to n_i ** alpha,
+n_i the train tokens its token store's manifests count, alpha `data.mixture_alpha`: 1 samples
+in proportion to size, toward 0 every component alike; a component's weight, 1 if left out,
+multiplies its rate). The stores' sizes do not change, so a resumed run gets the same rows per
+cycle and the same schedule (`component_weights`, `describe`).
+
 Reweighting. A pipeline's position (`state()`, saved per process in checkpoints) holds, besides
 `batch`, the schedule segment in force: the row it started at, each component's rows per cycle,
 and each component's examples consumed before that row. A resume with the same rows per cycle
@@ -28,13 +35,16 @@ one forgotten). So a component is never replayed nor skipped by a change of weig
 """
 
 import math
+import os
 import sys
 
 import ml_collections
 import numpy as np
 
 from t5lite import objectives
+from t5lite import paths
 
+RULES = ('weights', 'size')  # data.mixture_rule: the components' weights, or by their sizes
 FIRST_CYCLE = 1024  # rows of the shortest cycle; doubled while a component would get none
 MAX_CYCLE = 1 << 20  # longest cycle: a weight below 1/MAX_CYCLE of the total is refused
 ROW = 'segment_row'  # position keys: the segment's first row, and per component:
@@ -48,9 +58,24 @@ COMPONENT_SETTINGS = {'source': str, 'weight': float, 'text_key': str,
                       'validation_fraction': float, **objectives.SETTINGS}
 
 
-def check_components(components: ml_collections.ConfigDict) -> None:
+def check_rule(data: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line, a mixture rule that is none or an alpha outside (0, 1]."""
+  if data.mixture_rule not in RULES:
+    raise ValueError(f'config.data.mixture_rule={data.mixture_rule!r} is not one of '
+                     f'{", ".join(RULES)}')
+  if not 0 < data.mixture_alpha <= 1:
+    raise ValueError(f'config.data.mixture_alpha={data.mixture_alpha} must be in (0, 1]: 1 '
+                     'samples components in proportion to their sizes, toward 0 alike (mT5: 0.3)')
+  if data.mixture_rule == 'size' and not data.mixture:
+    raise ValueError("config.data.mixture_rule='size' weighs a mixture's components; "
+                     'give them in config.data.mixture')
+  check_components(data.mixture, weighed=data.mixture_rule == 'weights')
+
+
+def check_components(components: ml_collections.ConfigDict, weighed: bool = True) -> None:
   """Refuses, in one line naming it, a component that cannot be mixed; its objective is checked
-  with the model's (`components`, `check_objectives`)."""
+  with the model's (`components`, `check_objectives`). A component needs a weight where the rule
+  is the weights (`weighed`); else one left out is 1."""
   for name, component in components.items():
     where = f'config.data.mixture.{name}'
     if not name or '.' in name:
@@ -62,7 +87,7 @@ def check_components(components: ml_collections.ConfigDict) -> None:
     if unknown:
       raise ValueError(f'unknown setting {where}.{unknown[0]}; a component takes '
                        f'{", ".join(COMPONENT_SETTINGS)}')
-    weight = component.get('weight')
+    weight = component.get('weight', None if weighed else 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
         0 < weight <= sys.float_info.max):  # not inf, nor nan, nor an int past every float
       raise ValueError(f'{where}.weight={weight!r} must be a positive finite number')
@@ -214,6 +239,54 @@ def resumed_segment(weights: dict[str, float], position: dict, row: int) -> Segm
   if dict(zip(saved.schedule.names, saved.schedule.rows.tolist())) == rows:
     return saved
   return Segment(rows, row, saved.examples_before(row))
+
+
+def component_weights(data: ml_collections.ConfigDict) -> dict[str, float]:
+  """Each component's weight by data.mixture_rule: its own, or (`size`) its own (1 if left
+  out) times its store's train tokens ** data.mixture_alpha."""
+  given = {name: component.get('weight', 1.0) for name, component in data.mixture.items()}
+  if data.mixture_rule == 'weights':
+    return given
+  rates = rates_by_size(store_sizes(data), temperature=1 / data.mixture_alpha)
+  return {name: given[name] * rate for name, rate in rates.items()}
+
+
+def store_sizes(data: ml_collections.ConfigDict) -> dict[str, int]:
+  """Each component's train tokens as its token store's manifests count them; one line for a
+  component that reads no store, or stores of different vocabularies, whose tokens are not
+  comparable."""
+  from t5lite.data import store  # pylint: disable=import-outside-toplevel  # TensorFlow's
+  stores = {}
+  for name in sorted(data.mixture):
+    source = component_data(data, name).source
+    if not store.is_store(source):
+      raise ValueError(f"data.mixture.{name}.source={source!r} is no token store: "
+                       "data.mixture_rule='size' reads each component's size from its store's "
+                       'manifests (make one with `t5lite prepare`)')
+    stores[name] = store.open_store(os.fspath(paths.path(source)))
+  (first, one), *others = stores.items()
+  for name, other in others:
+    if other.vocabulary['sha256'] != one.vocabulary['sha256']:
+      raise ValueError(
+          f"data.mixture_rule='size' weighs stores by their tokens, and data.mixture.{first}'s "
+          f'holds ids of the vocabulary {one.vocabulary["name"]!r} (sha256 '
+          f'{one.vocabulary["sha256"][:12]}), data.mixture.{name}\'s of '
+          f'{other.vocabulary["name"]!r} (sha256 {other.vocabulary["sha256"][:12]}): prepare '
+          'them with one --vocabulary')
+  return {name: sum(manifest['tokens']['train'] for manifest in found.manifests)
+          for name, found in stores.items()}
+
+
+def describe(data: ml_collections.ConfigDict) -> str:
+  """The mixture's rates in a line per component: its share of the rows, its rows in a cycle,
+  and the size its rate is made of under the 'size' rule."""
+  rows = rows_per_cycle(component_weights(data))
+  cycle = sum(rows.values())
+  sizes = store_sizes(data) if data.mixture_rule == 'size' else {}
+  rule = (f'size ** {data.mixture_alpha}' if data.mixture_rule == 'size' else 'weights')
+  return '\n'.join([f'mixture by {rule}: rows per cycle of {cycle:,}'] + [
+      f'  {name}: {rows[name] / cycle:.2%} ({rows[name]:,} rows'
+      + (f'; {sizes[name]:,} train tokens)' if sizes else ')') for name in sorted(rows)])
 
 
 def rates_by_size(sizes: dict[str, float], cap: float | None = None,

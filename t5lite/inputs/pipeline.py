@@ -161,11 +161,10 @@ def _mixture_batches(data: ml_collections.ConfigDict, split: str, vocab, share: 
   """A mixture's batches from `position` on, each row's component beside them, and the schedule
   segment in force: a chain per group of its components (`_groups`), each row from its
   component's chain, in the schedule's order."""
-  mixture.check_components(data.mixture)
+  mixture.check_rule(data)
   first_batch, per_process = position['batch'], share.stop - share.start
-  segment = mixture.resumed_segment(
-      {name: component.weight for name, component in data.mixture.items()}, position,
-      first_batch * data.batch_size)
+  segment = mixture.resumed_segment(mixture.component_weights(data), position,
+                                    first_batch * data.batch_size)
   groups = _groups(mixture.components(data))
   chains = []
   for group in groups:

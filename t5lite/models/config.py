@@ -44,6 +44,8 @@ class ModelConfig:
   position: str = 't5_relative'  # t5_relative | sinusoidal | learned | rope
   relative_buckets: int = 32
   relative_max_distance: int = 128
+  # UMT5: a relative bias table in every layer's self-attention, instead of one per stack
+  relative_bias_per_layer: bool = False
   max_length: int = 512  # table size for learned positions; unused otherwise
   tie_embeddings: bool = True  # v1.0: lm head = embedding, logits scaled by d_model**-0.5
   embed_norm: bool = False  # BERT, ELECTRA, BART: LayerNorm over token + position embeddings
@@ -91,6 +93,9 @@ class ModelConfig:
   # normalized, divided by the sum over the token's top k (GShard; with top-1 a weight of 1, and
   # a router learnt from its losses alone): an upcycled model then starts as the dense one
   expert_weights: str = 'probability'
+  # The Hugging Face model_type an export writes where several fit the same weights (mt5:
+  # MT5ForConditionalGeneration for a T5 v1.1); '': the family's first that fits
+  hf_model_type: str = ''
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # a value read from a JSON file may be of any type
@@ -118,6 +123,9 @@ class ModelConfig:
                  'scan_unroll'):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name} must be positive, got {getattr(self, name)}')
+    if self.relative_bias_per_layer and self.position != 't5_relative':
+      raise ValueError(f'model.relative_bias_per_layer needs position=t5_relative, got '
+                       f'{self.position!r}')
     if self.position == 'rope' and self.d_kv % 2:
       raise ValueError(f'rope positions need an even model.d_kv, got {self.d_kv}')
     if not 0.0 <= self.dropout < 1.0:

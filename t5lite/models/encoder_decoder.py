@@ -1,13 +1,20 @@
 """model.arch='encoder_decoder': T5 (and Vaswani et al., BART), a bidirectional encoder read by a
-causal decoder; T5ForConditionalGeneration and, with learned positions, BartForConditionalGeneration
-both ways.
+causal decoder; T5ForConditionalGeneration (ByT5's too), MT5ForConditionalGeneration,
+UMT5ForConditionalGeneration and, with learned positions, BartForConditionalGeneration both ways.
 
 Hugging Face keeps T5's relative attention bias only in block 0 of each stack, as we keep one
-table per stack. Tied heads: T5 v1.0 ties the lm head to the shared embedding and rescales by
-d_model**-0.5 (`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling.
-transformers 5.x may tie an unscaled head to the embedding (`scale_decoder_outputs: false`); such
-a checkpoint imports as an untied head holding a copy of the embedding, which computes the same
-logits.
+table per stack; UMT5 has one in every layer (`model.relative_bias_per_layer`). Tied heads: T5
+v1.0 ties the lm head to the shared embedding and rescales by d_model**-0.5
+(`tie_word_embeddings: true`). v1.1 has its own lm head and no rescaling. transformers 5.x may tie
+an unscaled head to the embedding (`scale_decoder_outputs: false`); such a checkpoint imports as
+an untied head holding a copy of the embedding, which computes the same logits.
+
+mT5 is T5 v1.1 with a 250,112-id vocabulary: the same weights, exported as MT5 where
+`model.hf_model_type='mt5'` (MT5ForConditionalGeneration never rescales: only an untied head).
+transformers 5.23's UMT5ForConditionalGeneration rescales the decoder's output by d_model**-0.5
+before its lm head whatever config.json says (UMT5Config forces tie_word_embeddings): an untied
+head is exported times sqrt(d_model) and imported divided by it, so that its logits are ours; a
+checkpoint without its own lm_head is a tied, rescaled (v1.0) head.
 
 BART is BERT's layers in both stacks. HF's position p reads row p + 2 of its tables: the 2 rows
 before ours are written as zeros and dropped on import. BART's tied head has no d_model**-0.5
@@ -108,24 +115,37 @@ T5_FIELDS = dict(position='t5_relative', norm='rms', norm_position='pre', use_bi
 
 
 def t5_check(cfg: ModelConfig) -> None:
-  hf_mapping.check_fields(cfg, 'T5', T5_FIELDS)
+  hf_mapping.check_fields(cfg, 'T5', {**T5_FIELDS, 'relative_bias_per_layer': False})
 
 
-def t5_table(cfg: ModelConfig) -> list[Row]:
-  """Every tensor of T5ForConditionalGeneration."""
+def mt5_check(cfg: ModelConfig) -> None:
+  hf_mapping.check_fields(cfg, 'MT5', {**T5_FIELDS, 'relative_bias_per_layer': False,
+                                       'tie_embeddings': False})
+
+
+def umt5_check(cfg: ModelConfig) -> None:
+  hf_mapping.check_fields(cfg, 'UMT5', T5_FIELDS)
+
+
+def t5_table(cfg: ModelConfig, head_scale: float = 1.0) -> list[Row]:
+  """Every tensor of T5ForConditionalGeneration (and MT5's, UMT5's: a bias table in every layer
+  where relative_bias_per_layer); HF's untied head carries `head_scale` over ours."""
   rows = [Row(('embed', 'embedding'), 'shared.weight', 0)]
   if not cfg.tie_embeddings:
-    rows.append(Row(('lm_head', 'kernel'), 'lm_head.weight', 1))
+    rows.append(Row(('lm_head', 'kernel'), 'lm_head.weight', 1, head_scale))
   mlp = ('wi_0', 'wi_1', 'wo') if cfg.is_gated else ('wi', 'wo')
   stacks = (('encoder', cfg.num_encoder_layers, (('self_attention', 'SelfAttention'),)),
             ('decoder', cfg.num_decoder_layers, (('self_attention', 'SelfAttention'),
                                                  ('cross_attention', 'EncDecAttention'))))
   for stack, num_layers, attentions in stacks:
-    rows += [Row((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0),
-             Row((stack, 'relative_bias', 'embedding'),
-                 f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight', 0)]
+    rows.append(Row((stack, 'final_norm', 'scale'), f'{stack}.final_layer_norm.weight', 0))
+    bias = 'layer.0.SelfAttention.relative_attention_bias.weight'
+    if not cfg.relative_bias_per_layer:
+      rows.append(Row((stack, 'relative_bias', 'embedding'), f'{stack}.block.0.{bias}', 0))
     for i in range(num_layers):
       ours, theirs = (stack, 'layers', i), f'{stack}.block.{i}.layer'
+      if cfg.relative_bias_per_layer:
+        rows.append(Row((*ours, 'relative_bias', 'embedding'), f'{stack}.block.{i}.{bias}', 0))
       for j, (attention, hf_attention) in enumerate(attentions):
         rows += [Row((*ours, attention, p, 'kernel'), f'{theirs}.{j}.{hf_attention}.{p}.weight',
                      2 if p == 'o' else 1) for p in 'qkvo']
@@ -150,6 +170,29 @@ def t5_config(cfg: ModelConfig) -> dict[str, Any]:
       'tie_word_embeddings': cfg.tie_embeddings, 'is_encoder_decoder': True, 'use_cache': True,
       'pad_token_id': 0, 'eos_token_id': 1, 'decoder_start_token_id': 0, 'dtype': 'float32',
   }
+
+
+def umt5_table(cfg: ModelConfig) -> list[Row]:
+  """UMT5's tensors: transformers rescales its head's input by d_model**-0.5, its untied head
+  carries sqrt(d_model) over ours."""
+  return t5_table(cfg, head_scale=cfg.d_model**0.5)
+
+
+def mt5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """MT5 never rescales its head: T5's fields as if untied (a tied head imports as a copy)."""
+  fields, tensors = t5_load({**config, 'tie_word_embeddings': False}, tensors)
+  return {**fields, 'hf_model_type': 'mt5'}, tensors
+
+
+def umt5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
+              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """UMT5 always rescales (module docstring): its own lm_head, unlike the embedding, is an
+  untied head; without one the head is tied."""
+  head, shared = tensors.get('lm_head.weight'), tensors.get('shared.weight')
+  untied = head is not None and not np.array_equal(head, shared)
+  fields, tensors = t5_load({**config, 'tie_word_embeddings': not untied}, tensors)
+  return {**fields, 'relative_bias_per_layer': True}, tensors
 
 
 def t5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
@@ -296,7 +339,8 @@ def _fold_embedding_scale(config: dict[str, Any], tensors: dict[str, np.ndarray]
 
 
 T5 = HfModel('T5', 'T5ForConditionalGeneration', 't5', check=t5_check, config=t5_config,
-             table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load)
+             table=t5_table, text=hf_mapping.T5_TEXT, load=t5_load,
+             fits=lambda cfg: not cfg.relative_bias_per_layer)
 FAMILY = Family(
     arch='encoder_decoder', model=EncoderDecoder, sides=('encoder', 'decoder'), objective=None,
     stacks=('encoder', 'decoder'), shapes=shapes, check=check, prompt='encoder', experts=True,
@@ -307,4 +351,10 @@ FAMILY = Family(
                 fits=lambda cfg: cfg.position == 'learned',
                 data=lambda cfg: dict(objective='bart', inputs_length=min(cfg.max_length, 512),
                                       targets_length=min(cfg.max_length, 512))),
+        HfModel('UMT5', 'UMT5ForConditionalGeneration', 'umt5', check=umt5_check,
+                config=t5_config, table=umt5_table, text=hf_mapping.T5_TEXT, load=umt5_load,
+                fits=lambda cfg: cfg.relative_bias_per_layer),
+        HfModel('MT5', 'MT5ForConditionalGeneration', 'mt5', check=mt5_check,
+                config=t5_config, table=t5_table, text=hf_mapping.T5_TEXT, load=mt5_load,
+                fits=lambda cfg: cfg.hf_model_type == 'mt5'),
         T5))

@@ -42,6 +42,10 @@ def check(cfg: ModelConfig) -> Family:
     raise ValueError(f'model.num_experts={cfg.num_experts}: model.arch={cfg.arch!r} has no '
                      'sparse experts (arch=encoder_decoder has); set it to 0')
   checked.check(cfg)
+  model_types = [hf.model_type for hf in checked.hf if not hf.folder]
+  if cfg.hf_model_type not in ('', *model_types):
+    raise ValueError(f'model.hf_model_type={cfg.hf_model_type!r} is none of arch='
+                     f'{cfg.arch}\'s: {", ".join(model_types)}')
   return checked
 
 

@@ -18,7 +18,7 @@ A prefix LM's `decoder_causal_attention` (seqio's; `Features.bidirectional`) mak
 bidirectional over its prefix.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import dataclasses
 from typing import NamedTuple
 
@@ -72,6 +72,8 @@ class LayerInputs(NamedTuple):
   encoded: jax.Array | None = None  # (b, m, d) encoder output, for cross-attention
   cross_mask: jax.Array | AttentionLayout | PaddedRows | None = None  # (b|1, 1, l|1, m)
   index: jax.Array | None = None  # decoding: cache position of the first of the l tokens
+  # The bias a table gives at these positions (a layer's own table: UMT5), or None
+  bias_of: Callable[[RelativePositionBias], jax.Array | BucketedBias] | None = None
 
 
 class LayerCache(NamedTuple):
@@ -114,8 +116,11 @@ class Block(nnx.Module):
   """
 
   def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs,
-               sparse: bool = False):
+               sparse: bool = False, causal: bool = False):
     self.pre_norm = cfg.norm_position == 'pre'
+    # UMT5: the self-attention's own bias table (`causal` decides its buckets)
+    self.relative_bias = (RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
+                          if cfg.relative_bias_per_layer else None)
     self.self_attention = Attention(cfg, rngs=rngs)
     self.self_attention_norm = Norm(cfg, rngs=rngs)
     if cross_attention:
@@ -148,7 +153,8 @@ class Block(nnx.Module):
       cache = cache._replace(key=_write(cache.key, key_value[0], inputs.index),
                              value=_write(cache.value, key_value[1], inputs.index))
       key_value = cache.key, cache.value  # 2 x (b, length, h, kv)
-    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=inputs.bias,
+    bias = inputs.bias if self.relative_bias is None else inputs.bias_of(self.relative_bias)
+    y = self.self_attention.attend(y, *key_value, mask=inputs.mask, bias=bias,
                                    positions=inputs.positions)
     x = self._residual(x, y, self.self_attention_norm, deterministic, rngs)
     if inputs.cross_mask is not None:
@@ -168,12 +174,12 @@ def _write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def make_layers(cfg: ModelConfig, num_layers: int, *, cross_attention: bool, rngs: nnx.Rngs,
-                sparse_step: int = 0):
+                sparse_step: int = 0, causal: bool = False):
   """A list of Blocks, or one Block whose params have a leading 'layers' axis (scan_layers); with
   experts every sparse_step layers, scanned, one LayerGroup of sparse_step Blocks."""
   def block(i, rngs):
     return Block(cfg, cross_attention=cross_attention, rngs=rngs,
-                 sparse=is_sparse(i, sparse_step))
+                 sparse=is_sparse(i, sparse_step), causal=causal)
 
   if not cfg.scan_layers:
     return nnx.List([block(i, rngs) for i in range(num_layers)])
@@ -199,7 +205,7 @@ class Stack(nnx.Module):
                rngs: nnx.Rngs, embed_width: int | None = None, sparse_step: int = 0):
     self.cfg, self.num_layers, self.causal = cfg, num_layers, causal
     embed_cfg = cfg if embed_width is None else dataclasses.replace(cfg, d_model=embed_width)
-    if cfg.position == 't5_relative':
+    if cfg.position == 't5_relative' and not cfg.relative_bias_per_layer:
       self.relative_bias = RelativePositionBias(cfg, bidirectional=not causal, rngs=rngs)
     if cfg.position == 'learned':
       self.position_embedding = Embed(cfg.max_length, embed_cfg.d_model, (None, 'embed'),
@@ -213,7 +219,7 @@ class Stack(nnx.Module):
         (embed_cfg.d_model,), (cfg.d_model,), ('embed', 'mlp'), std=embed_cfg.d_model**-0.5,
         cfg=cfg, rngs=rngs)
     self.layers = make_layers(cfg, num_layers, cross_attention=cross_attention, rngs=rngs,
-                              sparse_step=sparse_step)
+                              sparse_step=sparse_step, causal=causal)
     if cfg.norm_position == 'pre':
       self.final_norm = Norm(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
@@ -233,14 +239,16 @@ class Stack(nnx.Module):
     mask = (attention_layout if flash else padded_rows
             if one_example_rows and self.cfg.attention in ('auto', 'xla', 'cudnn')
             else attention_mask)
-    bias = None
-    if self.cfg.position == 't5_relative':
-      bias = self.relative_bias.bucketed() if flash else self.relative_bias(length, length)
+
+    def bias_of(table: RelativePositionBias) -> jax.Array | BucketedBias:
+      return table.bucketed() if flash else table(length, length)
+
     inputs = LayerInputs(
+        bias_of=bias_of, bias=self._stack_bias(bias_of),
         mask=mask(length, None if self.causal else features.tokens > 0,
                   query_segment_ids=features.segment_ids, key_segment_ids=features.segment_ids,
                   causal=self.causal, prefix=features.bidirectional),
-        bias=bias, positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
+        positions=features.absolute_positions() if self.cfg.position == 'rope' else None)
     if encoded is not None:
       inputs = inputs._replace(encoded=encoded, cross_mask=mask(
           length, encoder.tokens > 0, query_segment_ids=features.segment_ids,
@@ -264,10 +272,13 @@ class Stack(nnx.Module):
     keys = jnp.arange(cache.length)
     # A token sees its own row's keys from the start token up to itself: (b, l, length).
     visible = (keys >= cache.start[:, None, None]) & (keys <= slots[:, None])
+
+    def bias_of(table: RelativePositionBias) -> jax.Array:
+      return table(length, cache.length, index)
+
     inputs = LayerInputs(
         mask=visible[:, None],  # (b, l, length) -> (b, 1, l, length)
-        bias=(self.relative_bias(length, cache.length, index)
-              if self.cfg.position == 't5_relative' else None),
+        bias=self._stack_bias(bias_of), bias_of=bias_of,
         positions=positions if self.cfg.position == 'rope' else None,
         cross_mask=(None if cache.encoder_valid is None
                     else cache.encoder_valid[:, None, None, :]),  # (b, m) -> (b, 1, 1, m)
@@ -288,6 +299,10 @@ class Stack(nnx.Module):
     if self.cfg.norm_position == 'pre':
       x = self.final_norm(x)
     return x, cache._replace(layers=layers)
+
+  def _stack_bias(self, bias_of) -> jax.Array | BucketedBias | None:
+    """The bias of the stack's one table, which all its layers share; None without one."""
+    return bias_of(self.relative_bias) if hasattr(self, 'relative_bias') else None
 
   def init_layer_caches(self, batch_size: int, length: int, encoded: jax.Array | None = None
                         ) -> tuple[LayerCache, ...] | LayerCache:

@@ -11,11 +11,15 @@ raw chunk is the one whose corrupted inputs fill the rest of the row.
 The loss is the token cross entropy on the decoder's targets.
 
 Each span's sentinel counts down from `<extra_id_0>` (vocab_size - 1): <X0> above, <X1> =
-vocab_size - 2, as T5's preprocessors name them (`t5.data.preprocessors`).
+vocab_size - 2, as T5's preprocessors name them (`t5.data.preprocessors`); past the 100th they
+count on into the vocabulary's last pieces, as in T5. The byte vocabulary's count up from 259, as
+ByT5Tokenizer numbers them, and an example may hold as many spans as it has sentinels (125: at
+ByT5's mean span of 20 bytes, 1,024 inputs make 9).
 """
 
 import ml_collections
 
+from t5lite.data import vocabulary
 from t5lite.data.tf_setup import parallel_map, tf
 from t5lite.objectives import base
 from t5lite.token_ids import EOS_ID, PAD_ID
@@ -37,19 +41,37 @@ class SpanCorruption(base.EncoderDecoderObjective):
                        f'corruption of {data.inputs_length} inputs (density '
                        f'{data.noise_density}, mean span {data.mean_noise_span_length}): it '
                        f'needs {targets_length}')
+    _check_sentinels(data, raw_length)
     return raw_length
 
   def transform(self, examples, data, vocab):
-    return corrupt_spans(examples, vocab.sentinel_id(0))
+    return corrupt_spans(examples, vocab.sentinel_id(0), vocab.sentinel_step)
 
 
-def corrupt_spans(dataset, sentinel_id: int):
+def _check_sentinels(data: ml_collections.ConfigDict, raw_length: int) -> None:
+  """Refuses more spans an example than the byte vocabulary has sentinels (they count up from
+  259, and would run past its last id)."""
+  if data.vocabulary != vocabulary.BYTES:
+    return
+  vocab = vocabulary.BYTE_VOCABULARY
+  noise = max(1, round(raw_length * data.noise_density))
+  spans = max(1, round(noise / data.mean_noise_span_length))
+  if spans > vocab.num_sentinels:
+    raise ValueError(f'span corruption of {data.inputs_length} inputs (density '
+                     f'{data.noise_density}, mean span {data.mean_noise_span_length}) makes '
+                     f'{spans} spans an example, more than the {vocab.num_sentinels} sentinels '
+                     f'of data.vocabulary={data.vocabulary!r}; give a longer '
+                     'data.mean_noise_span_length or fewer data.inputs_length')
+
+
+def corrupt_spans(dataset, sentinel_id: int, sentinel_step: int = -1):
   """{'targets': raw tokens, 'seed': int64[2], 'noise_density', 'mean_noise_span_length', and
   optionally 'mode'} -> {'inputs', 'targets'}, each ending in EOS, the inputs starting with
   the mode's ids. Each example carries its own noise: a mixture's differ row by row.
 
   Split the text into chunks of `random_spans_helper(inputs_length)[0]` tokens first, as T5
-  does, and the outputs have exactly inputs_length and targets_length tokens.
+  does, and the outputs have exactly inputs_length and targets_length tokens. Sentinel n is
+  sentinel_id + n * sentinel_step.
   """
   def corrupt(example):
     tokens = example['targets']
@@ -59,10 +81,12 @@ def corrupt_spans(dataset, sentinel_id: int):
     eos = tf.constant([EOS_ID], tokens.dtype)
     return {
         'inputs': tf.concat([*mode_ids(example, tokens.dtype),
-                             noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos],
+                             noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id,
+                                                           sentinel_step), eos],
                             axis=0),
         'targets': tf.concat(
-            [nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id), eos], axis=0),
+            [nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id, sentinel_step),
+             eos], axis=0),
     }
 
   return parallel_map(dataset, corrupt)
@@ -111,24 +135,27 @@ def _random_segmentation(num_items, num_segments, seed):
   return bounds[1:] - bounds[:-1]
 
 
-def noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
-  """Replaces each noise span with one sentinel, counting down from `sentinel_id` (<extra_id_0>).
+def noise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int, sentinel_step: int = -1):
+  """Replaces each noise span with one sentinel, counting from `sentinel_id` (<extra_id_0>) by
+  `sentinel_step` (T5's down, the byte vocabulary's up).
 
   tokens [A B C D E], noise_mask [0 1 1 0 1] -> [A <X0> D <X1>].
   """
   previous_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
   span_start = noise_mask & ~previous_is_noise
-  sentinels = sentinel_id + 1 - tf.cumsum(tf.cast(span_start, tokens.dtype))
+  spans_so_far = tf.cumsum(tf.cast(span_start, tokens.dtype))
+  sentinels = sentinel_id + sentinel_step * (spans_so_far - 1)
   tokens = tf.where(span_start, sentinels, tokens)
   return tf.boolean_mask(tokens, ~(noise_mask & previous_is_noise))
 
 
-def nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int):
+def nonnoise_span_to_unique_sentinel(tokens, noise_mask, sentinel_id: int,
+                                     sentinel_step: int = -1):
   """The targets side: each non-noise span becomes a sentinel, noise tokens stay.
 
   tokens [A B C D E], noise_mask [0 1 1 0 1] -> [<X0> B C <X1> E].
   """
-  return noise_span_to_unique_sentinel(tokens, ~noise_mask, sentinel_id)
+  return noise_span_to_unique_sentinel(tokens, ~noise_mask, sentinel_id, sentinel_step)
 
 
 def random_spans_helper(inputs_length: int, noise_density: float = 0.15,

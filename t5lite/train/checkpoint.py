@@ -26,8 +26,8 @@ ITEMS = ('state', 'data', 'config')
 # Model settings that change parameter shapes: a checkpoint cannot move across them.
 STRUCTURAL = ('arch', 'vocab_size', 'd_model', 'd_ff', 'num_heads', 'd_kv', 'num_encoder_layers',
               'num_decoder_layers', 'activation', 'position', 'relative_buckets',
-              'tie_embeddings', 'embed_norm', 'next_sentence', 'mlm_transform', 'use_bias', 'norm',
-              'scan_layers', 'max_length')
+              'relative_bias_per_layer', 'tie_embeddings', 'embed_norm', 'next_sentence',
+              'mlm_transform', 'use_bias', 'norm', 'scan_layers', 'max_length')
 
 # Orbax warns on every read-only open, which `t5lite eval` and `export` always are.
 logging.get_absl_logger().addFilter(

@@ -19,6 +19,8 @@ import pytest
 import zstandard
 
 from t5lite import cli
+from t5lite.data import sources
+from t5lite.data import spm_training
 from t5lite.data import store
 from t5lite.data import vocabulary
 from t5lite.inputs import batches
@@ -132,6 +134,35 @@ def test_every_format_prepares_into_the_tokens_the_source_gives_in_memory(corpus
     in_memory = store.split_tokens(small_data(source=source), split)
     np.testing.assert_array_equal(from_store.window(0, from_store.size),
                                   in_memory.window(0, in_memory.size))
+
+
+def test_a_byte_store_holds_the_utf8_text_and_reads_as_the_source(corpus, tmp_path, capsys,
+                                                                  small_data):
+  """--vocabulary=bytes needs no model: a split's file is its documents' UTF-8 bytes, one a
+  token (uint8), read as ids byte + 3; batches of ByT5's span corruption from the store are the
+  source's in memory, and `data --verify` reads it whole."""
+  folder, texts = corpus
+  source = str(folder / 'text' / '*')
+  status, out, err = prepare(capsys, f'--source={source}', f'--out={tmp_path / "b"}',
+                             '--vocabulary=bytes')
+  assert (status, err) == (0, '')
+  manifest = json.loads((tmp_path / 'b' / 'part-00000-of-00001.json').read_text())
+  assert manifest['dtype'] == '|u1'
+  assert manifest['vocabulary'] == vocabulary.load_vocabulary('bytes').identity('bytes')
+  assert sum(manifest['tokens'].values()) == sum(len(t.encode('utf-8')) for t in texts)
+  held_out = sources.in_validation(texts, 0.05)
+  train_text = ''.join(t for t, h in zip(texts, held_out) if not h).encode('utf-8')
+  assert (tmp_path / 'b' / 'part-00000-of-00001.train').read_bytes() == train_text
+  settings = dict(vocabulary='bytes', mean_noise_span_length=20.0, inputs_length=64,
+                  targets_length=13)
+  stored = store.split_tokens(small_data(source=str(tmp_path / 'b'), **settings), 'train')
+  assert stored.window(0, 5).tolist() == [b + 3 for b in train_text[:5]]
+  assert_same(take(batches.make_batches(small_data(source=str(tmp_path / 'b'), **settings),
+                                        process_index=0, process_count=1), 2),
+              take(batches.make_batches(small_data(source=source, **settings), process_index=0,
+                                        process_count=1), 2))
+  assert cli.main(['data', f'--verify={tmp_path / "b"}']) == 0
+  assert f'{sum(manifest["tokens"].values()):,} tokens, every block' in capsys.readouterr().out
 
 
 def test_parts_prepared_apart_are_one_store_and_any_process_count_reads_it_alike(
@@ -345,7 +376,7 @@ def test_a_run_with_another_vocabulary_is_refused_before_anything_is_written(
     bundled_store, tmp_path, capsys):
   """t5_tiny shrunk (test_loop.SMALL): the run initialises its model before it reads data."""
   (tmp_path / 'text.txt').write_text('\n\n'.join(documents(200, seed=4)))
-  model = vocabulary.train_tokenizer(str(tmp_path / 'text.txt'), 80, str(tmp_path / 'vocab'))
+  model = spm_training.train_tokenizer(str(tmp_path / 'text.txt'), 80, str(tmp_path / 'vocab'))
   status = train(tmp_path / 'run', f'--config.data.source={bundled_store}',
                  f'--config.data.vocabulary={model}')
   err = capsys.readouterr().err

@@ -2,12 +2,13 @@
 
 import re
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from t5lite import cli
-from t5lite.data import vocabulary
+from t5lite.data import spm_training, vocabulary
 from t5lite.objectives import ul2
 
 
@@ -42,13 +43,13 @@ def test_train_tokenizer_on_a_text_file(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   corpus.write_text('\n\n'.join(f'Document {i} speaks of ships, whales and {i * 7} sailors.'
                                 for i in range(300)))
-  path = vocabulary.train_tokenizer([str(corpus)], 60, str(tmp_path / 'spm'))
+  path = spm_training.train_tokenizer([str(corpus)], 60, str(tmp_path / 'spm'))
   vocab = vocabulary.load_vocabulary(path)
   assert (vocab.num_pieces, vocab.vocab_size, vocab.sentinel_id(0)) == (60, 160, 159)
   assert vocab.decode(vocab.encode('ships and whales')) == 'ships and whales'
   with pytest.raises(ValueError, match=r'^--vocab_size=50000 does not fit --input .*: '
                      r'Vocabulary size too high \(50000\)'):
-    vocabulary.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
+    spm_training.train_tokenizer(str(corpus), 50000, str(tmp_path / 'big'))
 
 
 def test_tokenizer_reserves_ul2_modes_as_one_id_each(tmp_path, capsys):
@@ -117,3 +118,41 @@ def test_bad_vocabularies_fail_with_one_line_naming_the_flag(vocab, tmp_path):
       f"data.vocabulary: {tmp_path / 'bos.model'} has (pad, eos, unk, bos) ids (-1, 2, 0, 1), "
       "not T5's (0, 1, 2, -1)")):
     vocabulary.load_vocabulary(str(tmp_path / 'bos.model'))
+
+
+def test_mixture_counts_follow_each_corpus_size_to_the_alpha():
+  """mT5's sampling: corpus i's share is n_i ** alpha / sum_j n_j ** alpha of all sentences."""
+  assert spm_training.mixture_counts([900, 100], 0.5) == [750, 250]  # 30:10
+  assert spm_training.mixture_counts([900, 100], 1.0) == [900, 100]
+  sizes = [8000, 1000, 125]
+  counts = spm_training.mixture_counts(sizes, 0.3)
+  shares = np.power(sizes, 0.3) / np.power(sizes, 0.3).sum()
+  np.testing.assert_allclose(np.array(counts) / sum(sizes), shares, atol=1 / sum(sizes))
+
+
+def test_a_multilingual_vocabulary_keeps_a_small_language_s_characters(tmp_path, capsys):
+  """Two corpora of 3,000 sentences and one of 5: read once at T5's character coverage
+  (0.9999), the small one's rarest letters are unk; sampled at alpha 0.3 with mT5's coverage
+  (0.99999) they are pieces, and `t5lite tokenizer` writes that vocabulary."""
+  rng = np.random.default_rng(0)
+  letters = {'en': 'abcdefghijklmnoprstuvw', 'ru': 'абвгдежзиклмнопрстуф',
+             'hi': 'कखगचजतदनपबमयरलवसह'}
+  for language, count in (('en', 3000), ('ru', 3000), ('hi', 5)):
+    words = [''.join(rng.choice(list(letters[language]), rng.integers(3, 7))) for _ in range(30)]
+    (tmp_path / f'{language}.txt').write_text('\n\n'.join(
+        ' '.join(rng.choice(words, 8)) + '.' for _ in range(count)), encoding='utf-8')
+  inputs = [str(tmp_path / f'{language}.txt') for language in ('en', 'ru', 'hi')]
+  hindi = (tmp_path / 'hi.txt').read_text(encoding='utf-8')
+
+  def unknown_in_hindi(**settings) -> int:
+    path = spm_training.train_tokenizer(inputs, 100, str(tmp_path / str(settings)), **settings)
+    return vocabulary.load_vocabulary(path).encode(hindi).count(2)
+
+  once, sampled = unknown_in_hindi(), unknown_in_hindi(alpha=0.3, character_coverage=0.99999)
+  print(f'unk ids in the Hindi corpus: {once} read once, {sampled} sampled at alpha 0.3')
+  assert once > 0 and sampled == 0
+  assert cli.main(['tokenizer', *(f'--input={i}' for i in inputs), '--vocab_size=100',
+                   '--alpha=0.3', '--character_coverage=0.99999', f'--out={tmp_path / "cli"}']
+                  ) == 0
+  assert (tmp_path / 'cli' / 'vocab.model').read_bytes() == (
+      tmp_path / str({'alpha': 0.3, 'character_coverage': 0.99999}) / 'vocab.model').read_bytes()

@@ -274,8 +274,8 @@ def test_import_refuses_what_is_not_a_t5_checkpoint(exported, tmp_path):
     import_hf(str(tmp_path))
   with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
     json.dump({'model_type': 'llama'}, f)
-  with pytest.raises(ValueError, match="not a Switch, BART, T5, BERT, RoBERTa, GPT-2 or ELECTRA "
-                                       "checkpoint: model_type='llama'"):
+  with pytest.raises(ValueError, match="not a Switch, BART, UMT5, MT5, T5, BERT, RoBERTa, GPT-2 "
+                                       "or ELECTRA checkpoint: model_type='llama'"):
     import_hf(str(tmp_path))
   with open(os.path.join(folder, 'config.json')) as f:
     config = json.load(f)

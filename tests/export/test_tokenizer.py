@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from t5lite.data import sources, vocabulary
+from t5lite.data import sources, spm_training, vocabulary
 from t5lite.export.tokenizer import FILES, export_tokenizer, import_tokenizer
 from t5lite.models import hf_mapping
 from t5lite.models.registry import FAMILIES
@@ -50,7 +50,7 @@ def trained_model(tmp_path_factory) -> str:
   documents, _ = sources.read_documents('bundled')
   sentences = documents[100][:6000].replace('. ', '.\n')  # SentencePiece skips long lines
   (folder / 'corpus.txt').write_text(sentences, encoding='utf-8')
-  return vocabulary.train_tokenizer([str(folder / 'corpus.txt')], 300, str(folder / 'spm'))
+  return spm_training.train_tokenizer([str(folder / 'corpus.txt')], 300, str(folder / 'spm'))
 
 
 @pytest.fixture(scope='module', params=['bundled', 'trained'])
@@ -138,7 +138,7 @@ def pretraining_row(architecture: str, vocab, a: list[int], b: list[int]
   the token types: T5's and BART's inputs end in EOS, GPT-2's rows start with the start token 0
   and never end, MLM rows are text alone, BERT's pairs are [CLS] A [SEP] B [SEP] (<extra_id_1>,
   <extra_id_2>), B's of type 1."""
-  if architecture.startswith(('T5', 'Bart')):
+  if architecture.startswith(('T5', 'MT5', 'UMT5', 'Bart')):
     ids = a + [EOS_ID] + (b + [EOS_ID] if b else [])
   elif architecture == 'GPT2LMHeadModel':
     ids = [PAD_ID] + a + b
@@ -161,7 +161,9 @@ def test_every_family_folder_adds_what_its_model_read(trained_model, texts, tmp_
   export_tokenizer(trained_model, str(tmp_path), hf.text)
   (tmp_path / 'config.json').write_text(json.dumps({'model_type': hf.model_type}))
   tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-  assert type(tok).__name__ == ('T5Tokenizer' if hf.model_type in ('t5', 'bart') else
+  # transformers 5.23 reads a umt5 folder's tokenizer.json with its generic class, whatever
+  # tokenizer_class says
+  assert type(tok).__name__ == ('T5Tokenizer' if hf.model_type in ('t5', 'mt5', 'bart') else
                                 'TokenizersBackend')
   for text in texts:
     ids = vocab.encode(text)
@@ -200,7 +202,7 @@ def test_import_rebuilds_the_model_from_tokenizer_json(exported, texts, tmp_path
   tok.save_pretrained(str(tmp_path))
   (tmp_path / 'spiece.model').unlink(missing_ok=True)
   proto = import_tokenizer(str(tmp_path))
-  imported = vocabulary.Vocabulary(proto)
+  imported = vocabulary.SentencePieceVocabulary(proto)
   assert imported.vocab_size == vocab.vocab_size
   assert [imported.encode(text) for text in texts] == [vocab.encode(text) for text in texts]
   original, rebuilt = (sentencepiece_model_pb2.ModelProto() for _ in range(2))

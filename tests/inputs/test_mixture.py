@@ -308,3 +308,133 @@ def test_a_run_trains_from_two_token_stores_and_resumes_reweighted(texts, tmp_pa
   assert saved[0]['processes'][0] == {
       'batch': 4, 'segment_row': 16, 'rows_per_cycle.books': 256, 'rows_per_cycle.web': 768,
       'examples.books': 5, 'examples.web': 11}
+
+
+LANGUAGES = {  # three languages of three sizes: documents of words of their own script
+    'en': ('the whale ship sea captain harbour storm sailor'.split(), 240),
+    'ru': ('кит корабль море капитан гавань шторм моряк'.split(), 60),
+    'hi': ('व्हेल जहाज़ समुद्र कप्तान बंदरगाह तूफ़ान नाविक'.split(), 15),
+}
+
+
+@pytest.fixture(scope='module')
+def language_stores(tmp_path_factory):
+  """{language: its byte store}, and a store of the English text in the bundled vocabulary."""
+  folder = tmp_path_factory.mktemp('languages')
+  rng = np.random.default_rng(0)
+  stores = {}
+  for language, (words, documents) in LANGUAGES.items():
+    text = folder / f'{language}.txt'
+    text.write_text('\n\n'.join(' '.join(rng.choice(words, rng.integers(20, 60))) + '.'
+                                for _ in range(documents)), encoding='utf-8')
+    stores[language] = str(folder / language)
+    assert cli.main(['prepare', f'--source={text}', f'--out={stores[language]}',
+                     '--vocabulary=bytes']) == 0
+  assert cli.main(['prepare', f'--source={folder / "en.txt"}', f'--out={folder / "en_spm"}']) == 0
+  return stores, str(folder / 'en_spm')
+
+
+def by_size(small_data, stores: dict, alpha: float = 0.3, **weights):
+  """Byte-vocabulary data mixing `stores` by size ** alpha."""
+  data = small_data(vocabulary='bytes', mixture_rule='size', mixture_alpha=alpha)
+  for name, source in stores.items():
+    data.mixture[name] = dict(source=source, **({'weight': weights[name]} if name in weights
+                                                else {}))
+  return data
+
+
+def train_tokens(store: str) -> int:
+  return json.loads(open(os.path.join(store, 'part-00000-of-00001.json')).read())['tokens'][
+      'train']
+
+
+@pytest.mark.parametrize('alpha', [0.3, 1.0])
+def test_size_rule_rates_are_the_stores_sizes_to_the_alpha(small_data, language_stores, alpha):
+  """Component i at n_i ** alpha / sum_j n_j ** alpha, n the train tokens its manifests count:
+  the weights exactly, and the rows over 100 cycles within a row a cycle of it (the cycle's
+  rounding to whole rows)."""
+  stores, _ = language_stores
+  data = by_size(small_data, stores, alpha)
+  sizes = {name: train_tokens(store) for name, store in stores.items()}
+  assert mixture.store_sizes(data) == sizes
+  formula = {name: size**alpha / sum(s**alpha for s in sizes.values())
+             for name, size in sizes.items()}
+  weights = mixture.component_weights(data)
+  assert {name: w / sum(weights.values()) for name, w in weights.items()} == pytest.approx(
+      formula, rel=1e-12)
+  schedule = mixture.Schedule(mixture.rows_per_cycle(weights))
+  rows = np.tile(schedule.component, 100)
+  for index, name in enumerate(schedule.names):
+    assert abs((rows == index).mean() - formula[name]) < 1 / schedule.cycle
+  print(f'alpha {alpha}: ' + ', '.join(f'{name} {share:.1%} of the rows ({sizes[name]:,} '
+                                        'bytes)' for name, share in formula.items()))
+  if alpha == 1:
+    assert formula == pytest.approx({name: size / sum(sizes.values())
+                                     for name, size in sizes.items()})
+
+
+def test_size_rule_weights_multiply_and_resume_exactly(small_data, language_stores):
+  """A component's weight multiplies its rate; batches resumed from a saved position are the
+  uninterrupted run's, their segment the same rows per cycle."""
+  stores, _ = language_stores
+  data = by_size(small_data, stores, hi=2.0)
+  alone = mixture.component_weights(by_size(small_data, stores))
+  assert mixture.component_weights(data) == pytest.approx({**alone, 'hi': 2 * alone['hi']})
+  uninterrupted = take(single(data), 5)
+  first = single(data)
+  take(first, 2)
+  state = json.loads(json.dumps(first.state()))
+  assert {name: state[f'rows_per_cycle.{name}'] for name in stores} == mixture.rows_per_cycle(
+      mixture.component_weights(data))
+  resumed = take(single(data, start=state), 3)
+  for a, b in zip(resumed, uninterrupted[2:]):
+    for name in a:
+      np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_data_show_prints_the_rates(language_stores, capsys):
+  stores, _ = language_stores
+  status, out, err = data_command(
+      capsys, '--config.data.vocabulary=bytes', '--config.data.mixture_rule=size',
+      *(f'--config.data.mixture.{name}.source={store}' for name, store in stores.items()),
+      '--show=1')
+  assert status == 0, err
+  rows = mixture.rows_per_cycle(mixture.rates_by_size(
+      {name: train_tokens(store) for name, store in stores.items()}, temperature=1 / 0.3))
+  assert f'mixture by size ** 0.3: rows per cycle of {sum(rows.values()):,}' in out
+  for name, store in stores.items():
+    assert (f'  {name}: {rows[name] / sum(rows.values()):.2%} ({rows[name]:,} rows; '
+            f'{train_tokens(store):,} train tokens)') in out
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--config.data.mixture_alpha=0'], 'config.data.mixture_alpha=0.0 must be in (0, 1]'),
+    (['--config.data.mixture_alpha=-0.3'], 'config.data.mixture_alpha=-0.3 must be in (0, 1]'),
+    (['--config.data.mixture_alpha=1.5'], 'config.data.mixture_alpha=1.5 must be in (0, 1]'),
+    (['--config.data.mixture_rule=sizes'],
+     "config.data.mixture_rule='sizes' is not one of weights, size"),
+    (['--config.data.mixture.en.source={text}'],
+     "data.mixture.en.source='{text}' is no token store: data.mixture_rule='size' reads"),
+    (['--config.data.mixture.en.source={en_spm}', '--config.data.vocabulary=bundled'],
+     "data.mixture_rule='size' weighs stores by their tokens, and data.mixture.en's holds ids "
+     "of the vocabulary 'bundled' (sha256 "),
+])
+def test_a_bad_size_rule_is_one_line_exit_2_and_nothing_written(
+    flags, message, language_stores, tmp_path, capsys):
+  stores, en_spm = language_stores
+  fill = dict(text=os.path.join(os.path.dirname(en_spm), 'en.txt'), en_spm=en_spm)
+  out = tmp_path / 'batches.npz'
+  status, _, err = data_command(
+      capsys, '--config.data.vocabulary=bytes', '--config.data.mixture_rule=size',
+      *(f'--config.data.mixture.{name}.source={store}' for name, store in stores.items()),
+      *(flag.format(**fill) for flag in flags), f'--out={out}')
+  assert status == 2 and len(err.strip().splitlines()) == 1, err
+  assert message.format(**fill) in err, err
+  assert not out.exists()
+
+
+def test_a_size_rule_without_a_mixture_is_refused():
+  config = config_lib.base_config()
+  config.data.mixture_rule = 'size'
+  with pytest.raises(ValueError, match="^config.data.mixture_rule='size' weighs a mixture's"):
+    config_lib.validate(config)

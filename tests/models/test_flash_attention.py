@@ -292,13 +292,14 @@ def test_the_kernels_lower_for_tpus_and_a_window_reads_only_its_tiles():
 
 @pytest.mark.slow  # 10-28 s each on 2 cores, Mosaic's alike: interpret mode compiles slowly
 @pytest.mark.parametrize('backend', BACKENDS)
-@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder'])
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder', 'umt5'])
 def test_models_with_flash_attention_match_xla_on_packed_rows(arch, backend, monkeypatch):
   """Loss and every parameter's gradient, the relative bias tables included, packed and not,
-  scanned with remat for the decoder."""
+  scanned with remat for the decoder; UMT5's table in every layer, scanned."""
   monkeypatch.setattr(flash_lib, 'INTERPRETED', backend)
-  options = dict(scan_layers=True, remat_policy='save_dots') if arch == 'decoder' else {}
-  cfg = tiny(arch=arch, **options)
+  options = {'encoder_decoder': {}, 'decoder': dict(scan_layers=True, remat_policy='save_dots'),
+             'umt5': dict(scan_layers=True, relative_bias_per_layer=True)}[arch]
+  cfg = tiny(arch='decoder' if arch == 'decoder' else 'encoder_decoder', **options)
   xla, flash = (build(dataclasses.replace(cfg, attention=a), nnx.Rngs(0)) for a in ('xla', 'flash'))
   for batch in pack(np.random.RandomState(1), ((7, 3), (5, 4))):
     (loss, grads), (flash_loss, flash_grads) = (loss_and_grads(m, batch) for m in (xla, flash))

@@ -52,6 +52,17 @@ FAMILY = {
 # for 8 experts, 7.4B for 128), the exact counts transformers' for the same config
 SWITCH = {'switch_base_8': 620e6, 'switch_base_16': 1.07e9, 'switch_base_32': 1.98e9,
           'switch_base_128': 7.4e9}
+# ByT5 (Xue et al. 2022, table 1), mT5 (Xue et al. 2021) and UMT5 (no size published): the
+# published size and transformers' class, whose count (built on the meta device, its forced tie
+# undone: the checkpoints have their own lm head) must be ours exactly.
+MULTILINGUAL = {
+    'byt5_small': (300e6, 'T5'), 'byt5_base': (582e6, 'T5'), 'byt5_large': (1.23e9, 'T5'),
+    'byt5_xl': (3.74e9, 'T5'), 'byt5_xxl': (12.9e9, 'T5'),
+    'mt5_small': (300e6, 'MT5'), 'mt5_base': (580e6, 'MT5'), 'mt5_large': (1.2e9, 'MT5'),
+    'mt5_xl': (3.7e9, 'MT5'), 'mt5_xxl': (13e9, 'MT5'),
+    'umt5_small': (None, 'UMT5'), 'umt5_base': (None, 'UMT5'), 'umt5_xl': (None, 'UMT5'),
+    'umt5_xxl': (None, 'UMT5'),
+}
 
 
 def preset(name: str) -> ModelConfig:
@@ -74,16 +85,18 @@ def t5_formula(cfg: ModelConfig) -> int:
   ffn = (3 if cfg.is_gated else 2) * cfg.d_model * cfg.d_ff
   encoder_layer = attention + ffn + 2 * cfg.d_model
   decoder_layer = 2 * attention + ffn + 3 * cfg.d_model
-  per_stack = cfg.relative_buckets * cfg.num_heads + cfg.d_model  # bias table, final norm
+  table = cfg.relative_buckets * cfg.num_heads  # a stack's bias table (UMT5: a layer's)
+  tables = (cfg.num_encoder_layers + cfg.num_decoder_layers if cfg.relative_bias_per_layer
+            else 2) * table
   embeddings = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
-  return (embeddings + 2 * per_stack + cfg.num_encoder_layers * encoder_layer
+  return (embeddings + tables + 2 * cfg.d_model + cfg.num_encoder_layers * encoder_layer
           + cfg.num_decoder_layers * decoder_layer)
 
 
 def test_every_preset_is_covered():
   names = {path.stem for path in CONFIGS.glob('*.py')}
   assert set(PUBLISHED) <= names
-  assert names - set(PUBLISHED) - set(FAMILY) - set(SWITCH) <= {
+  assert names - set(PUBLISHED) - set(FAMILY) - set(SWITCH) - set(MULTILINGUAL) <= {
       't5_tiny', 't5_tiny_distill', 'ul2_tiny', 'switch_tiny'}, (
       'add the new preset to PUBLISHED')
 
@@ -130,6 +143,31 @@ def test_switch_tiny_is_t5_tiny_with_experts():
   t5_tiny, switch_tiny = preset('t5_tiny'), preset('switch_tiny')
   assert dataclasses.replace(switch_tiny, num_experts=0) == t5_tiny
   assert count_params(switch_tiny) == 13_637_376 + 4 * (7 * 3 * 256 * 1024 + 256 * 8)
+
+
+@pytest.mark.parametrize('name', sorted(MULTILINGUAL))
+def test_multilingual_preset_parameter_count_is_transformers(name):
+  """ByT5's encoder is 3 times as deep as its decoder; mT5 and UMT5 have one bias table a stack
+  and a layer."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  published, kind = MULTILINGUAL[name]
+  cfg = preset(name)
+  count = count_params(cfg)
+  config = getattr(transformers, f'{kind}Config')(
+      vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_ff=cfg.d_ff, d_kv=cfg.d_kv,
+      num_heads=cfg.num_heads, num_layers=cfg.num_encoder_layers,
+      num_decoder_layers=cfg.num_decoder_layers, feed_forward_proj='gated-gelu')
+  with torch.device('meta'):
+    hf = getattr(transformers, f'{kind}ForConditionalGeneration')(config)
+  tied = hf.lm_head.weight is hf.shared.weight
+  hf_count = sum(p.numel() for p in hf.parameters()) + tied * hf.lm_head.weight.numel()
+  print(f'{name}: {count:,} parameters, transformers {hf_count:,} (published {published})')
+  assert count == hf_count == t5_formula(cfg)
+  if name.startswith('byt5'):
+    assert cfg.num_encoder_layers == 3 * cfg.num_decoder_layers and cfg.vocab_size == 384
+  if published is not None:
+    assert abs(count / published - 1) < 0.03  # published to 2 or 3 digits
 
 
 def test_t5_tiny_builds():

@@ -118,6 +118,6 @@ def test_an_architecture_is_added_with_one_registration(monkeypatch, tmp_path):
   assert decoding.generate(model, tokens[:, :4], max_decode_length=3).shape == (2, 3)
   with pytest.raises(ValueError, match="model.arch='toy' needs num_decoder_layers > 0"):
     build(ModelConfig(arch='toy', num_decoder_layers=0), nnx.Rngs(0))
-  with pytest.raises(ValueError, match='export supports Switch, BART, T5, BERT, RoBERTa, GPT-2 and '
-                                       'ELECTRA models; got arch=toy'):
+  with pytest.raises(ValueError, match='export supports Switch, BART, UMT5, MT5, T5, BERT, '
+                                       'RoBERTa, GPT-2 and ELECTRA models; got arch=toy'):
     export_hf({}, cfg, str(tmp_path))

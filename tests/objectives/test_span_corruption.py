@@ -101,10 +101,10 @@ def noise_statistics(masks):
   return masks.mean(), lengths.mean(), np.bincount(lengths, minlength=12)[1:12] / len(lengths)
 
 
-def t5_masks_numpy(num: int, length: int, rng):
+def t5_masks_numpy(num: int, length: int, rng, mean_span: float = 3.0):
   """T5's random_spans_noise_mask written independently in numpy (shuffled 0/1 boundaries)."""
   num_noise = round(length * 0.15)
-  num_spans = round(num_noise / 3.0)
+  num_spans = round(num_noise / mean_span)
 
   def segmentation(items):
     first = np.concatenate([[0], rng.permutation(np.arange(items - 1) < num_spans - 1)])
@@ -139,3 +139,55 @@ def test_seeds_change_the_noise_and_only_they_do():
   c = span_corruption.random_spans_noise_mask(141, 0.15, 3.0, seeds(2)).numpy()
   np.testing.assert_array_equal(a, b)
   assert (a != c).any()
+
+
+BYTE_SENTINEL = 259  # the byte vocabulary's <extra_id_0>; its sentinels count up
+
+
+def test_byte_span_corruption_statistics_at_byt5_settings():
+  """ByT5's span corruption (1,024 inputs of bytes, density 0.15, mean span 20) over 10,000 rows
+  of the noise mask, the function itself in tf.data: density and mean span within 5% of ByT5's,
+  span lengths distributed as an independent numpy segmentation's."""
+  raw, targets = span_corruption.random_spans_helper(1024, 0.15, 20.0)
+  assert (raw, targets) == (1193, 189)  # ByT5's 1,024 inputs and 189 targets
+  masks = next(iter(tf.data.Dataset.range(10_000).map(
+      lambda i: span_corruption.random_spans_noise_mask(raw, 0.15, 20.0, seeds(i))
+  ).batch(10_000))).numpy()
+  lengths = np.concatenate([span_lengths(m) for m in masks])
+  print(f'density {masks.mean():.4f}, mean span {lengths.mean():.2f} over {len(masks):,} rows')
+  assert abs(masks.mean() / 0.15 - 1) < 0.05 and abs(lengths.mean() / 20 - 1) < 0.05
+  reference = np.concatenate([span_lengths(m) for m in t5_masks_numpy(
+      2000, raw, np.random.default_rng(0), mean_span=20.0)])
+  bins = np.arange(1, 200, 10)
+  np.testing.assert_allclose(np.histogram(lengths, bins)[0] / len(lengths),
+                             np.histogram(reference, bins)[0] / len(reference), atol=0.02)
+
+
+def test_byte_sentinels_count_up_and_reconstruct():
+  """Each noise span's sentinel is 259, 260, ...: the byte vocabulary's <extra_id_0>, ..."""
+  tokens = np.random.default_rng(0).integers(3, 259, 148)
+  ds = tf.data.Dataset.range(5).map(lambda i: {
+      'targets': tf.constant(tokens, tf.int32),
+      'seed': tf.random.experimental.stateless_fold_in([0, 0], i),
+      'noise_density': 0.15, 'mean_noise_span_length': 4.0})
+  for example in span_corruption.corrupt_spans(ds, BYTE_SENTINEL, 1).as_numpy_iterator():
+    inputs, targets = example['inputs'][:-1].tolist(), example['targets'][:-1].tolist()
+    sentinels = [t for t in inputs if t >= BYTE_SENTINEL]
+    assert sentinels == list(range(BYTE_SENTINEL, BYTE_SENTINEL + 6))  # 22 noise bytes, 6 spans
+    fills, sentinel = {}, None
+    for t in targets:
+      sentinel = t if t >= BYTE_SENTINEL else sentinel
+      fills.setdefault(sentinel, []).extend([] if t >= BYTE_SENTINEL else [t])
+    assert [x for t in inputs for x in fills.get(t, [t])] == tokens.tolist()
+
+
+def test_more_spans_than_the_byte_vocabulary_s_sentinels_are_refused():
+  from t5lite import config as t5config
+  data = t5config.base_config().data
+  data.update(vocabulary='bytes', inputs_length=1024, targets_length=400,
+              mean_noise_span_length=1.0)
+  with pytest.raises(ValueError, match=r'^span corruption of 1024 inputs .* makes 153 spans an '
+                     r"example, more than the 125 sentinels of data.vocabulary='bytes'"):
+    span_corruption.OBJECTIVE.raw_length(data)
+  data.mean_noise_span_length = 20.0
+  assert span_corruption.OBJECTIVE.raw_length(data) == 1193

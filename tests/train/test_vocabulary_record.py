@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from t5lite import cli
-from t5lite.data import vocabulary
+from t5lite.data import spm_training, vocabulary
 from tests.fs import changes, snapshot
 from tests.test_cli_mistakes import TINY_FINETUNE, TINY_RUN, in_this_process
 from tests.texts import keyword_task, random_corpus
@@ -31,9 +31,9 @@ def world(tmp_path_factory):
   other = base / 'other.txt'
   other.write_text(' '.join(word[::-1] for word in (base / 'corpus.txt').read_text().split(' ')),
                    encoding='utf-8')  # the words backwards: the same letters, other pieces
-  vocabulary.train_tokenizer([corpus], PIECES, str(base / 'spm'))
-  vocabulary.train_tokenizer([str(other)], PIECES, str(base / 'b'))
-  a, b = (vocabulary.Vocabulary((base / name / 'vocab.model').read_bytes()).digest
+  spm_training.train_tokenizer([corpus], PIECES, str(base / 'spm'))
+  spm_training.train_tokenizer([str(other)], PIECES, str(base / 'b'))
+  a, b = (vocabulary.SentencePieceVocabulary((base / name / 'vocab.model').read_bytes()).digest
           for name in ('spm', 'b'))
   assert a != b
   keyword_task(base / 'task.tsv', 40)
