@@ -198,22 +198,9 @@ def summary(rows: list[dict], config, seconds: dict[str, float]) -> dict:
 
 def plot(rows: list[dict], title: str, out: str) -> None:
   """Held-out losses of both sides above, their difference below, against the step."""
-  fig, (losses, gap) = loss_curves.figure(2, sharex=True, gridspec_kw={'height_ratios': (3, 1)})
-  steps = [row['step'] for row in rows]
-  for side, label, style in (('t5lite', 't5lite (JAX)', '-'),
-                             ('hf_torch', 'transformers T5 (PyTorch), same start', '--')):
-    losses.plot(steps, [row[f'{side}_eval_loss'] for row in rows], style, marker='o',
-                markersize=3, label=label)
-  losses.set(title=title, ylabel=f'held-out {loss_curves.LOSS_LABEL}')
-  losses.legend()
-  gap.plot(steps, [row['t5lite_eval_loss'] - row['hf_torch_eval_loss'] for row in rows],
-           marker='o', markersize=3, color='black')
-  gap.axhline(0, color='gray', linewidth=0.8)
-  gap.set(xlabel='step', ylabel='t5lite - HF (nats)')
-  for axes in (losses, gap):
-    axes.grid(alpha=0.3)
-  fig.tight_layout()
-  loss_curves.save_png(fig, out)
+  loss_curves.plot_pair(rows, (('t5lite', 't5lite (JAX)'),
+                               ('hf_torch', 'transformers T5 (PyTorch), same start')),
+                        title, 't5lite - HF (nats)', out)
 
 
 def main(argv=None) -> None:

@@ -68,6 +68,30 @@ def plot_run(curves: dict[str, list[tuple[int, float]]], title: str, out: str) -
   save_png(fig, out)
 
 
+def plot_pair(rows: list[dict], sides: tuple[tuple[str, str], tuple[str, str]], title: str,
+              gap_label: str, out: str, zoom: bool = False) -> None:
+  """Two held-out curves, `rows`' `{key}_eval_loss` for each (key, label) of `sides`, above, and
+  the first minus the second below, against the step; `zoom`: the upper plot's range from the
+  second row on (the first, at initialisation, far above)."""
+  fig, (losses, gap) = figure(2, sharex=True, gridspec_kw={'height_ratios': (3, 1)})
+  steps = [row['step'] for row in rows]
+  curves = [[row[f'{key}_eval_loss'] for row in rows] for key, _ in sides]
+  for (_, label), curve, style in zip(sides, curves, ('-', '--')):
+    losses.plot(steps, curve, style, marker='o', markersize=3, label=label)
+  if zoom and len(rows) > 1:
+    low, high = min(min(c[1:]) for c in curves), max(max(c[1:]) for c in curves)
+    losses.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+  losses.set(title=title, ylabel=f'held-out {LOSS_LABEL}')
+  losses.legend()
+  gap.plot(steps, [a - b for a, b in zip(*curves)], marker='o', markersize=3, color='black')
+  gap.axhline(0, color='gray', linewidth=0.8)
+  gap.set(xlabel='step', ylabel=gap_label)
+  for axes in (losses, gap):
+    axes.grid(alpha=0.3)
+  fig.tight_layout()
+  save_png(fig, out)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', default=os.path.join(ROOT, 'runs', 'demo'))

@@ -10,10 +10,12 @@ time of each is the median of its training steps (compilation aside), measured i
 load from other processes hits both alike.
 
 Prints a JSON line per evaluation, then a summary (final held-out losses and their difference,
-median step seconds and their ratio, the machine), and draws both held-out curves to a PNG.
+median step seconds and their ratio, the machine), and draws both held-out curves and their
+difference to a PNG.
 
   python bench/switch_vs_dense.py       # 300 steps -> docs/images/switch_vs_dense.png
   python bench/switch_vs_dense.py --steps=20 --eval_every=10 --out=/tmp/switch.png
+  python bench/switch_vs_dense.py --plot_from=printed.jsonl   # redraw a run's lines, no training
 """
 
 import argparse
@@ -115,18 +117,18 @@ def summary(rows: list[dict], runs: dict[str, run_lib.Run], seconds: dict) -> di
 
 
 def plot(rows: list[dict], out: str) -> None:
-  fig, axes = loss_curves.figure()
-  steps = [row['step'] for row in rows]
-  for name, label in (('t5_tiny', 't5_tiny (dense)'),
-                      ('switch_tiny', 'switch_tiny (8 experts, top-1, same FLOPs per token)')):
-    axes.plot(steps, [row[f'{name}_eval_loss'] for row in rows], marker='o', markersize=3,
-              label=label)
-  axes.set(title='Held-out loss, same batches and seed', xlabel='step',
-           ylabel=f'held-out {loss_curves.LOSS_LABEL}')
-  axes.grid(alpha=0.3)
-  axes.legend()
-  fig.tight_layout()
-  loss_curves.save_png(fig, out)
+  """Both held-out curves (from the second evaluation on) above, Switch minus dense below."""
+  loss_curves.plot_pair(
+      rows, (('switch_tiny', 'switch_tiny (8 experts, top-1, same FLOPs per token)'),
+             ('t5_tiny', 't5_tiny (dense)')),
+      'Held-out loss, same batches and seed', 'switch - dense (nats)', out, zoom=True)
+
+
+def read_rows(path: str) -> list[dict]:
+  """The evaluation rows among the JSON lines a run of this script printed."""
+  with open(path, encoding='utf-8') as f:
+    lines = [json.loads(line) for line in f if line.strip().startswith('{')]
+  return [line for line in lines if 'step' in line and 'png' not in line]
 
 
 def main(argv=None) -> None:
@@ -138,7 +140,11 @@ def main(argv=None) -> None:
   parser.add_argument('--eval_batches', type=int, default=10)
   parser.add_argument('--out', default=os.path.join(ROOT, 'docs', 'images',
                                                     'switch_vs_dense.png'))
+  parser.add_argument('--plot_from', help="a run's printed JSON lines: draw them, train nothing")
   args, overrides = parser.parse_known_args(argv)
+  if args.plot_from:
+    plot(read_rows(args.plot_from), args.out)
+    return
   runs = make_runs(args.steps, args.eval_batches, overrides)
   rows, start = [], time.perf_counter()
 

@@ -121,7 +121,8 @@ def infer_command(args, overrides):
 
 
 @command('import-hf',
-         'start a workdir from a Hugging Face folder (T5, BART, GPT-2, BERT, RoBERTa)')
+         'start a workdir from a Hugging Face folder (T5, mT5, UMT5, ByT5, LongT5, Switch, BART, '
+         'GPT-2, BERT, RoBERTa, ELECTRA)')
 def import_hf_command(args, overrides):
   from t5lite.commands import hugging_face
   config = hugging_face.import_hf_workdir(args.hf, args.workdir, overrides)

@@ -23,7 +23,7 @@ import learning_curve  # noqa: E402  pylint: disable=wrong-import-position
 import loss_curves  # noqa: E402  pylint: disable=wrong-import-position
 
 # The pictures the docs show, as the scripts' defaults write them.
-DOCS_PICTURES = ('demo_loss_curves.png', 'learning_curve_t5_tiny.png')
+DOCS_PICTURES = ('demo_loss_curves.png', 'learning_curve_t5_tiny.png', 'switch_vs_dense.png')
 MAX_PNG_BYTES = 100_000
 
 

@@ -43,4 +43,10 @@ def test_both_presets_train_on_the_same_batches_and_are_compared(tmp_path):
   assert 1 < summary['flops_ratio'] < 1.01
   assert summary['switch_tiny_params'] > summary['t5_tiny_params']
   assert png_size(out) == (800, 500) and out.stat().st_size < MAX_PNG_BYTES
+  # redrawn from the printed lines alone, as docs/images/switch_vs_dense.png is
+  printed_file, redrawn = tmp_path / 'printed.jsonl', tmp_path / 'redrawn.png'
+  printed_file.write_text(printed.getvalue())
+  assert switch_vs_dense.read_rows(str(printed_file)) == rows
+  switch_vs_dense.main([f'--plot_from={printed_file}', f'--out={redrawn}'])
+  assert png_size(redrawn) == (800, 500)
 
