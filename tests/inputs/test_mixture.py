@@ -241,7 +241,7 @@ def test_weights_of_1e308_mix_as_weights_of_1(texts, tmp_path, capsys):
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.objective=seq2seq_lm',
       '--config.data.targets_length=32', '--config.data.mixture.web.noise_density=0.3'],
      "data.mixture.web.noise_density=0.3: seq2seq_lm does not read noise_density (only "
-     "span_corruption, mlm, mlm_nsp, bart, electra do)"),
+     "span_corruption, mlm, mlm_nsp, bart, principal_sentences, electra do)"),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=1.5'],
      'config.data.mixture.web.noise_density=1.5 must be in [0, 1)'),
     (['--config.data.mixture.web.weight=1', '--config.data.mixture.web.noise_density=0.5'],
