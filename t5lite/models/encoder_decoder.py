@@ -220,6 +220,11 @@ def t5_load(config: dict[str, Any], tensors: dict[str, np.ndarray]
       tensors['lm_head.weight'], tensors.get('shared.weight')):
     raise ValueError('checkpoint rescales logits by d_model**-0.5 but has its own lm_head; '
                      'only tied+scaled (v1.0) or untied+unscaled (v1.1) heads are supported')
+  for stack in ('encoder', 'decoder'):  # transformers 5 unties them where the head is untied
+    embedding = tensors.get(f'{stack}.embed_tokens.weight')
+    if embedding is not None and not np.array_equal(embedding, tensors.get('shared.weight')):
+      raise ValueError(f'checkpoint has its own {stack}.embed_tokens.weight, not shared.weight; '
+                       'only one embedding shared by both stacks is supported')
   if not scaled and 'lm_head.weight' not in tensors:  # HF tied an unscaled head
     tensors = {**tensors, 'lm_head.weight': tensors.get('shared.weight')}
   fields = dict(

@@ -68,6 +68,9 @@ def hf_model(t5: HfModel) -> HfModel:
         rows.append(Row((*ours, 'router'), f'{theirs}.mlp.router.classifier.weight', 1))
         rows += [Row((*ours, w), f'{theirs}.mlp.experts.expert_{e}.{w}.weight', 1, index=e)
                  for e in range(cfg.num_experts) for w in ('wi', 'wo')]
+    if not cfg.tie_embeddings:  # transformers 5 then unties each stack's input embedding too
+      rows += [Row(('embed', 'embedding'), f'{stack}.embed_tokens.weight', 0)
+               for stack in ('encoder', 'decoder')]
     return rows
 
   def config(cfg: ModelConfig) -> dict[str, Any]:
